@@ -1,0 +1,222 @@
+"""The `tfdist` command (also `python -m tfdist`).
+
+    tfdist env [--json]                      versions, devices, cluster, the "auto" strategy
+    tfdist tf-config --worker h:p,h:p ...    TF_CONFIG of one task, or of every task (--all)
+    tfdist launch --workers 2 train.py ...   run a script as a local multi-process job
+    tfdist serve                             run this task as a parameter-server job's server
+
+Flags accept hyphens or underscores (--max-restarts / --max_restarts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from typing import List, Optional, Sequence
+
+from tfdist.cluster import ClusterConfigError, ClusterSpec
+from tfdist.environments import detect_cluster, detect_environment
+from tfdist.strategy import STRATEGY_NAMES
+
+
+def _hosts(values: Optional[List[str]]) -> List[str]:
+    hosts: List[str] = []
+    for value in values or []:
+        hosts.extend(part.strip() for part in value.split(",") if part.strip())
+    return hosts
+
+
+def _task(text: str):
+    job, sep, index = text.partition(":")
+    if not sep or not index.strip().isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a task like 'worker:0' (job:index)")
+    return job.strip(), int(index)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tfdist", description="Distributed TensorFlow training with Keras.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    env = sub.add_parser("env", help="report versions, devices, cluster and the auto strategy")
+    env.add_argument("--json", action="store_true", help="print JSON for machines")
+
+    tfc = sub.add_parser("tf-config", aliases=["tf_config"], help="print TF_CONFIG for tasks of a cluster")
+    tfc.add_argument("--worker", action="append", metavar="HOST:PORT[,...]",
+                     help="worker address(es); repeat or comma-separate")
+    tfc.add_argument("--ps", action="append", metavar="HOST:PORT[,...]",
+                     help="parameter-server address(es)")
+    tfc.add_argument("--chief", metavar="HOST:PORT", help="the chief's address")
+    tfc.add_argument("--evaluator", metavar="HOST:PORT", help="the evaluator's address")
+    which = tfc.add_mutually_exclusive_group()
+    which.add_argument("--task", type=_task, metavar="TYPE:INDEX",
+                       help="the task to print (default: the chief, else worker:0)")
+    which.add_argument("--all", action="store_true", help="print every task")
+    tfc.add_argument("--format", choices=("json", "export"), default="json",
+                     help="a JSON line, or `export TF_CONFIG='...'` for batch scripts")
+
+    lau = sub.add_parser("launch", help="run a script as a local multi-process job")
+    lau.add_argument("--workers", type=int, default=1, help="number of workers (default 1)")
+    lau.add_argument("--ps", type=int, default=0, help="number of parameter servers")
+    lau.add_argument("--chief", action="store_true", help="add a chief task")
+    lau.add_argument("--evaluator", action="store_true", help="add an evaluator task")
+    lau.add_argument("--strategy", choices=STRATEGY_NAMES + ("off",),
+                     help="strategy name for tfdist.make_strategy() (sets TFDIST_STRATEGY)")
+    lau.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
+                     help="restart the whole job at most this many times after a failure")
+    lau.add_argument("--timeout", type=float, default=None, help="stop the job after SECONDS")
+    lau.add_argument("--log-dir", "--log_dir", help="also write each task's output to LOG_DIR/<task>.log")
+    lau.add_argument("--dry-run", "--dry_run", action="store_true",
+                     help="print each task's command and environment; start nothing")
+    lau.add_argument("-m", dest="module", action="store_true",
+                     help="TARGET is a module name, run as python -m")
+    lau.add_argument("target", metavar="TARGET", help="the script (or module with -m)")
+    lau.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+    sub.add_parser("serve", help="run this task (from TF_CONFIG) as a worker/ps server")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _COMMANDS[args.command.replace("_", "-")](args)
+    except ClusterConfigError as err:
+        print(f"tfdist {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _cmd_tf_config(args) -> int:
+    workers, ps = _hosts(args.worker), _hosts(args.ps)
+    if workers or ps or args.chief or args.evaluator:
+        spec = ClusterSpec.from_hosts(workers=workers, ps=ps, chief=args.chief,
+                                      evaluator=args.evaluator,
+                                      task_type="chief" if args.chief else "worker")
+    else:
+        spec = detect_cluster()
+        if spec.is_single_process:
+            raise ClusterConfigError(
+                "No cluster: give its tasks, e.g. `tfdist tf-config --worker h1:2222,h2:2222 "
+                "--all`, or set TF_CONFIG / run inside srun.")
+    if args.all:
+        tasks = spec.tasks
+    elif args.task:
+        tasks = [args.task]
+    else:
+        tasks = [(spec.task_type, spec.task_index)]
+    for job, index in tasks:
+        text = spec.to_json(job, index)
+        if args.format == "export":
+            if args.all:
+                print(f"# {job}:{index}")
+            print(f"export TF_CONFIG={shlex.quote(text)}")
+        else:
+            print(text)
+    return 0
+
+
+def environment_report() -> dict:
+    """What `tfdist env` prints: versions, devices, NCCL, cluster, the "auto" strategy."""
+    import tensorflow as tf
+
+    from tfdist import _compat
+    from tfdist.strategy import local_devices, resolve_strategy_name
+
+    report = dict(_compat.versions())
+    report["python"] = sys.version.split()[0]
+    report["physical_devices"] = [d.name for d in tf.config.list_physical_devices()]
+    devices = local_devices()
+    report["replica_devices"] = devices
+    gpus = tf.config.list_physical_devices("GPU")
+    report["nccl"] = {
+        "usable": bool(gpus) and tf.test.is_built_with_cuda(),
+        "reason": ("every replica is a GPU and TensorFlow is built with CUDA" if gpus and
+                   tf.test.is_built_with_cuda() else
+                   "no GPU found: collectives use ring (gRPC) / reduce-to-one-device"),
+    }
+    report["environment_variables"] = {
+        k: v for k, v in sorted(os.environ.items())
+        if k in ("TF_CONFIG", "TF_USE_LEGACY_KERAS", "CUDA_VISIBLE_DEVICES")
+        or k.startswith("TFDIST_")}
+    try:
+        environment = detect_environment()
+        spec = environment.cluster_spec()
+        report["cluster"] = {"detected_from": environment.name, "jobs": spec.cluster,
+                             "task": spec.task, "num_workers": spec.num_workers,
+                             "num_ps": spec.num_ps, "is_chief": spec.is_chief}
+        report["auto_strategy"] = resolve_strategy_name("auto", spec, devices)
+    except ClusterConfigError as err:
+        report["cluster"] = {"error": str(err)}
+        report["auto_strategy"] = None
+    return report
+
+
+def _cmd_env(args) -> int:
+    report = environment_report()
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        for key in ("tensorflow", "keras", "keras_flavour", "python"):
+            print(f"{key:16} {report[key]}")
+        print(f"{'devices':16} {', '.join(report['physical_devices'])}")
+        print(f"{'replicas':16} {', '.join(report['replica_devices'])}")
+        print(f"{'nccl':16} {'yes' if report['nccl']['usable'] else 'no'} "
+              f"({report['nccl']['reason']})")
+        cluster = report["cluster"]
+        if "error" in cluster:
+            print(f"{'cluster':16} INVALID: {cluster['error']}")
+        else:
+            print(f"{'cluster':16} {cluster['jobs'] or 'single process'} "
+                  f"(from {cluster['detected_from']})")
+            print(f"{'task':16} {cluster['task'] or '-'}"
+                  f"{' (chief)' if cluster['is_chief'] else ''}")
+        print(f"{'auto strategy':16} {report['auto_strategy']}")
+        for key, value in report["environment_variables"].items():
+            print(f"{key:16} {value}")
+    return 1 if "error" in report["cluster"] else 0
+
+
+def _cmd_launch(args) -> int:
+    from tfdist.launcher import launch, plan_job
+
+    script_args = list(args.args)
+    if script_args[:1] == ["--"]:
+        script_args = script_args[1:]
+    extra = {"TFDIST_STRATEGY": args.strategy} if args.strategy else None
+    if args.workers < 1 or args.ps < 0 or args.max_restarts < 0:
+        print("tfdist launch: error: --workers must be >= 1, --ps and --max-restarts >= 0 "
+              f"(received --workers {args.workers} --ps {args.ps} --max-restarts "
+              f"{args.max_restarts})", file=sys.stderr)
+        return 2
+    if not args.module and not os.path.exists(args.target):
+        print(f"tfdist launch: error: script {args.target!r} does not exist. HINT: give a path, "
+              "or -m module.name", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        for plan in plan_job(args.target, script_args, workers=args.workers, ps=args.ps,
+                             chief=args.chief, evaluator=args.evaluator, module=args.module,
+                             extra_env=extra):
+            print(plan.describe())
+        return 0
+    codes = launch(args.target, script_args, workers=args.workers, ps=args.ps,
+                   chief=args.chief, evaluator=args.evaluator, module=args.module,
+                   max_restarts=args.max_restarts, timeout=args.timeout,
+                   log_dir=args.log_dir, extra_env=extra)
+    failed = {t: c for t, c in codes.items() if c != 0}
+    return 0 if not failed else 1
+
+
+def _cmd_serve(args) -> int:
+    from tfdist.strategy import serve
+
+    serve()
+    return 0
+
+
+_COMMANDS = {"env": _cmd_env, "tf-config": _cmd_tf_config, "launch": _cmd_launch,
+             "serve": _cmd_serve}

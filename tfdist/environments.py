@@ -1,0 +1,308 @@
+"""Cluster detection: which launcher started this process, and what is its cluster?
+
+Each environment reads a mapping (default `os.environ`) and never writes it:
+
+- `TFConfigEnvironment`: the TF_CONFIG variable (hand-written scripts, `tfdist launch`, and
+  Kubeflow TFJob pods, which get TF_CONFIG from the operator).
+- `SlurmEnvironment`: the variables of a SLURM `srun` step.
+- `LocalEnvironment`: a single process with no cluster.
+
+`detect_cluster(env)` tries them in the order of `DETECTION_ORDER`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import List, Mapping, Optional
+
+from tfdist.cluster import ClusterConfigError, ClusterSpec
+
+__all__ = [
+    "DETECTION_ORDER",
+    "LocalEnvironment",
+    "SlurmEnvironment",
+    "TFConfigEnvironment",
+    "detect_cluster",
+    "detect_environment",
+    "expand_nodelist",
+    "expand_tasks_per_node",
+]
+
+DEFAULT_SLURM_PORT = 8888
+
+
+def _env(env: Optional[Mapping[str, str]]) -> Mapping[str, str]:
+    return os.environ if env is None else env
+
+
+class TFConfigEnvironment:
+    """TF_CONFIG set in the environment: the explicit contract of a TensorFlow job."""
+
+    name = "tf_config"
+
+    @staticmethod
+    def detect(env: Optional[Mapping[str, str]] = None) -> bool:
+        return bool(_env(env).get("TF_CONFIG", "").strip())
+
+    @staticmethod
+    def cluster_spec(env: Optional[Mapping[str, str]] = None) -> ClusterSpec:
+        return ClusterSpec.from_tf_config(_env(env).get("TF_CONFIG", ""))
+
+
+class SlurmEnvironment:
+    """A task of a SLURM `srun` step.
+
+    Reads SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST, SLURM_STEP_TASKS_PER_NODE
+    (and SLURM_STEP_NUM_NODES when present, to check the node list). Tasks are laid out in rank
+    order, in block distribution (srun's default): the first node's tasks get the lowest ranks.
+    Task `r` on its node listens on `port + local_index`.
+
+    Roles: without parameter servers every task is a worker (rank 0 is worker 0, which leads).
+    With `num_ps` parameter servers, rank 0 is the chief (the coordinator), ranks 1..num_ps are
+    the ps tasks, and the rest are workers.
+
+    Settings (explicit argument > environment variable > default):
+        num_ps: TFDIST_NUM_PS, default 0.
+        port: TFDIST_SLURM_PORT, default 8888.
+    """
+
+    name = "slurm"
+
+    # Job names of interactive allocations (`srun --pty bash`): the shell itself is not a
+    # training task, the job it starts is.
+    _INTERACTIVE_JOB_NAMES = ("bash", "interactive", "sh", "zsh")
+
+    @classmethod
+    def detect(cls, env: Optional[Mapping[str, str]] = None) -> bool:
+        env = _env(env)
+        in_step = "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
+        interactive = env.get("SLURM_JOB_NAME", "") in cls._INTERACTIVE_JOB_NAMES
+        return in_step and not interactive
+
+    @classmethod
+    def cluster_spec(cls, env: Optional[Mapping[str, str]] = None, num_ps: Optional[int] = None,
+                     port: Optional[int] = None) -> ClusterSpec:
+        env = _env(env)
+        rank = _int_var(env, "SLURM_PROCID")
+        ntasks = _int_var(env, "SLURM_STEP_NUM_TASKS", fallback="SLURM_NTASKS")
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+        if not nodelist:
+            raise ClusterConfigError(
+                "SLURM_STEP_NODELIST is not set. HINT: start the job with `srun`, which sets "
+                "the step variables for every task."
+            )
+        nodes = expand_nodelist(nodelist)
+        if "SLURM_STEP_NUM_NODES" in env:
+            num_nodes = _int_var(env, "SLURM_STEP_NUM_NODES")
+            if len(nodes) != num_nodes:
+                raise ClusterConfigError(
+                    f"SLURM_STEP_NODELIST={nodelist!r} names {len(nodes)} node(s), but "
+                    f"SLURM_STEP_NUM_NODES={num_nodes}. HINT: the two must agree; check the srun "
+                    "arguments (--nodes)."
+                )
+        per_node_text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+        if per_node_text:
+            per_node = expand_tasks_per_node(per_node_text)
+        elif ntasks % len(nodes) == 0:
+            per_node = [ntasks // len(nodes)] * len(nodes)
+        else:
+            raise ClusterConfigError(
+                f"SLURM_STEP_TASKS_PER_NODE is not set and {ntasks} tasks do not split evenly "
+                f"over {len(nodes)} nodes. HINT: run under srun, which sets it."
+            )
+        if len(per_node) != len(nodes):
+            raise ClusterConfigError(
+                f"SLURM_STEP_TASKS_PER_NODE={per_node_text!r} describes {len(per_node)} node(s) "
+                f"but SLURM_STEP_NODELIST={nodelist!r} names {len(nodes)}."
+            )
+        if sum(per_node) != ntasks:
+            raise ClusterConfigError(
+                f"SLURM_STEP_TASKS_PER_NODE={per_node_text!r} adds up to {sum(per_node)} tasks, "
+                f"but SLURM_STEP_NUM_TASKS={ntasks}."
+            )
+        if rank >= ntasks:
+            raise ClusterConfigError(
+                f"SLURM_PROCID={rank} is not below SLURM_STEP_NUM_TASKS={ntasks}. HINT: the "
+                "rank must be 0 to ntasks - 1; are the variables from two different steps?"
+            )
+        num_ps = _setting(num_ps, env, "TFDIST_NUM_PS", 0, "num_ps")
+        port = _setting(port, env, "TFDIST_SLURM_PORT", DEFAULT_SLURM_PORT, "port")
+        if not 1 <= port <= 65535 - max(per_node) + 1:
+            raise ClusterConfigError(
+                f"SLURM base port {port} leaves no room for {max(per_node)} task(s) per node "
+                "(ports must be 1 to 65535). HINT: set TFDIST_SLURM_PORT or port=."
+            )
+        if num_ps and ntasks < num_ps + 2:
+            raise ClusterConfigError(
+                f"num_ps={num_ps} needs at least {num_ps + 2} SLURM tasks (a chief, {num_ps} ps "
+                f"and at least one worker), but the step has {ntasks}. HINT: raise --ntasks or "
+                "lower num_ps / TFDIST_NUM_PS."
+            )
+        addresses = [f"{node}:{port + local}"
+                     for node, count in zip(nodes, per_node) for local in range(count)]
+        if num_ps:
+            roles = [("chief", 0)] + [("ps", i) for i in range(num_ps)] + [
+                ("worker", i) for i in range(ntasks - num_ps - 1)]
+            cluster = {"chief": addresses[:1], "worker": addresses[num_ps + 1:],
+                       "ps": addresses[1:num_ps + 1]}
+        else:
+            roles = [("worker", i) for i in range(ntasks)]
+            cluster = {"worker": addresses}
+        task_type, task_index = roles[rank]
+        return ClusterSpec(cluster, task_type, task_index)
+
+
+class LocalEnvironment:
+    """No launcher: a single process (which may still have several local devices)."""
+
+    name = "local"
+
+    @staticmethod
+    def detect(env: Optional[Mapping[str, str]] = None) -> bool:
+        return True
+
+    @staticmethod
+    def cluster_spec(env: Optional[Mapping[str, str]] = None) -> ClusterSpec:
+        return ClusterSpec({})
+
+
+# TF_CONFIG first: it is the explicit contract, and what Kubeflow TFJob pods get (a TFJob may
+# even run inside a SLURM-managed node). SLURM next, only inside an srun step. Else one process.
+DETECTION_ORDER = (TFConfigEnvironment, SlurmEnvironment, LocalEnvironment)
+
+
+def detect_environment(env: Optional[Mapping[str, str]] = None):
+    """Returns the first environment class of `DETECTION_ORDER` that detects itself."""
+    for environment in DETECTION_ORDER:
+        if environment.detect(env):
+            return environment
+    raise AssertionError("LocalEnvironment always detects")  # pragma: no cover
+
+
+def detect_cluster(env: Optional[Mapping[str, str]] = None) -> ClusterSpec:
+    """Returns the `ClusterSpec` of this process, read from `env` (default `os.environ`).
+
+    Priority: TF_CONFIG, then a SLURM srun step, then a single local process. The mapping is
+    only read, never written.
+
+    Raises:
+        ClusterConfigError: the detected environment describes an invalid cluster.
+    """
+    return detect_environment(env).cluster_spec(env)
+
+
+# ---------------------------------------------------------------------------------- SLURM
+
+
+def expand_nodelist(nodelist: str) -> List[str]:
+    """Expands a SLURM hostlist expression into host names, in order.
+
+    Handles comma lists, ranges with zero padding, and several bracket groups per name:
+    `"gpu-a[01-03,07],cpu[1-2]"` -> gpu-a01, gpu-a02, gpu-a03, gpu-a07, cpu1, cpu2;
+    `"r[1-2]n[1-2]"` -> r1n1, r1n2, r2n1, r2n2.
+
+    Raises:
+        ClusterConfigError: unbalanced brackets, an empty name or a decreasing range.
+    """
+    if not isinstance(nodelist, str) or not nodelist.strip():
+        raise ClusterConfigError(f"Empty SLURM node list. Received: {nodelist!r}.")
+    hosts: List[str] = []
+    for item in _split_top_level(nodelist.strip(), nodelist):
+        hosts.extend(_expand_host(item, nodelist))
+    return hosts
+
+
+def _split_top_level(text: str, whole: str) -> List[str]:
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char == "[":
+            depth += 1
+            if depth > 1:
+                raise ClusterConfigError(f"Nested '[' in SLURM node list {whole!r}.")
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise ClusterConfigError(f"Unbalanced ']' in SLURM node list {whole!r}.")
+        elif char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise ClusterConfigError(f"Unbalanced '[' in SLURM node list {whole!r}.")
+    items.append(text[start:])
+    for item in items:
+        if not item.strip():
+            raise ClusterConfigError(f"Empty host name in SLURM node list {whole!r}.")
+    return [item.strip() for item in items]
+
+
+def _expand_host(pattern: str, whole: str) -> List[str]:
+    match = re.search(r"\[([^\]]*)\]", pattern)
+    if not match:
+        return [pattern]
+    prefix, suffix = pattern[:match.start()], pattern[match.end():]
+    out = []
+    for part in match.group(1).split(","):
+        part = part.strip()
+        bounds = part.split("-")
+        if len(bounds) == 1 and bounds[0].isdigit():
+            values = [bounds[0]]
+        elif len(bounds) == 2 and bounds[0].isdigit() and bounds[1].isdigit():
+            low, high = int(bounds[0]), int(bounds[1])
+            if low > high:
+                raise ClusterConfigError(
+                    f"Decreasing range {part!r} in SLURM node list {whole!r}.")
+            width = len(bounds[0])
+            values = [str(v).zfill(width) for v in range(low, high + 1)]
+        else:
+            raise ClusterConfigError(
+                f"{part!r} in SLURM node list {whole!r} is not a number or a range like 01-04.")
+        for value in values:
+            out.extend(_expand_host(prefix + value + suffix, whole))
+    return out
+
+
+def expand_tasks_per_node(text: str) -> List[int]:
+    """Expands SLURM_STEP_TASKS_PER_NODE, e.g. "2(x3),1" -> [2, 2, 2, 1]."""
+    counts: List[int] = []
+    for part in str(text).split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not match:
+            raise ClusterConfigError(
+                f"SLURM tasks-per-node value {text!r} is not like '2(x3),1'.")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts
+
+
+def _int_var(env: Mapping[str, str], name: str, fallback: Optional[str] = None) -> int:
+    value = env.get(name)
+    used = name
+    if value is None and fallback:
+        value, used = env.get(fallback), fallback
+    if value is None:
+        raise ClusterConfigError(
+            f"{name} is not set. HINT: this must run as a task of an `srun` step.")
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise ClusterConfigError(f"{used}={value!r} is not an integer.") from None
+    if number < 0:
+        raise ClusterConfigError(f"{used}={value!r} must not be negative.")
+    return number
+
+
+def _setting(explicit, env: Mapping[str, str], var: str, default: int, arg: str) -> int:
+    if explicit is not None:
+        value, source = explicit, f"{arg}="
+    elif var in env:
+        value, source = env[var], f"{var}="
+    else:
+        return default
+    try:
+        number = int(value)
+        if isinstance(value, bool) or number < 0 or str(number) != str(value).strip():
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ClusterConfigError(
+            f"{source}{value!r} must be a non-negative integer.") from None
+    return number

@@ -1,0 +1,310 @@
+"""Run a script as a local multi-process TensorFlow job, one process per task, on loopback.
+
+Two steps, kept apart so the first is testable without spawning anything:
+
+1. `plan_job(...)` is a pure function: the cluster (free loopback ports) and, for each task,
+   its command line and environment (its own TF_CONFIG).
+2. `run_job(plans)` starts the processes, forwards each output line prefixed with its task,
+   stops every task when one fails (SIGTERM, then SIGKILL after a grace period), and returns
+   each task's exit code.
+
+`launch(...)` does both, with restarts; the `tfdist launch` command is a thin wrapper over it.
+
+Roles: in a parameter-server job (ps > 0) the worker and ps tasks run plain TensorFlow servers
+and the chief (added automatically) runs the script. Otherwise every worker (and the chief
+and evaluator, if any) runs the script.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from typing import Dict, List, Mapping, Optional, Sequence, TextIO
+
+from tfdist.cluster import ClusterSpec
+
+__all__ = ["JobFailed", "JobResult", "TaskPlan", "TaskResult", "launch", "plan_job", "run_job"]
+
+GRACE_SECONDS = 10.0
+_TAIL_LINES = 20
+
+
+class JobFailed(RuntimeError):
+    """A task of a launched job failed, or the job timed out."""
+
+    def __init__(self, message: str, result: "JobResult"):
+        super().__init__(message)
+        self.result = result
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskPlan:
+    """How one task of a job is started: its name ("worker:1"), command and environment.
+
+    `env` holds only the variables tfdist sets; they are added to the launcher's own.
+    `serves` is True for tasks that only run a server (workers/ps of a parameter-server job).
+    """
+
+    task: str
+    argv: tuple
+    env: Mapping[str, str]
+    serves: bool = False
+
+    def describe(self) -> str:
+        """A shell-like line: `TF_CONFIG='...' python script.py ...`."""
+        env = " ".join(f"{k}='{v}'" for k, v in sorted(self.env.items()))
+        return f"[{self.task}] {env} {' '.join(self.argv)}"
+
+
+@dataclasses.dataclass
+class TaskResult:
+    """What became of one task: exit code (negative: killed by that signal), output, time."""
+
+    task: str
+    returncode: Optional[int]
+    output: List[str]
+    seconds: float
+    stopped: bool = False  # stopped by the launcher (a peer failed, timeout, job ended)
+
+    @property
+    def tail(self) -> str:
+        return "\n".join(self.output[-_TAIL_LINES:])
+
+
+@dataclasses.dataclass
+class JobResult:
+    """The end of a job: why it ended ("done", "failed", "timeout", "interrupted"), per task."""
+
+    reason: str
+    tasks: Dict[str, TaskResult]
+
+    @property
+    def ok(self) -> bool:
+        return self.reason == "done"
+
+    @property
+    def returncodes(self) -> Dict[str, Optional[int]]:
+        """Exit code per task; servers stopped after a successful job count as 0."""
+        return {name: (0 if r.stopped and self.ok else r.returncode)
+                for name, r in self.tasks.items()}
+
+
+def plan_job(target: str, args: Sequence[str] = (), *, workers: int = 1, ps: int = 0,
+             chief: bool = False, evaluator: bool = False, module: bool = False,
+             cluster: Optional[ClusterSpec] = None, python: Optional[str] = None,
+             extra_env: Optional[Mapping[str, str]] = None) -> List[TaskPlan]:
+    """Computes the command and environment of every task of a local job. Spawns nothing.
+
+    Args:
+        target: str. A script path, or a module name when `module=True` (`python -m`).
+        args: list of str. Arguments passed to the script in every task.
+        workers / ps / chief / evaluator: the tasks. A parameter-server job (ps > 0) always
+            gets a chief, which runs the script as the coordinator.
+        cluster: ClusterSpec. Use these addresses instead of fresh loopback ports.
+        python: str. The interpreter. Defaults to the current one.
+        extra_env: mapping. More variables for every task.
+
+    Returns:
+        list[TaskPlan], in TF_CONFIG task order.
+    """
+    if not isinstance(target, str) or not target:
+        raise ValueError(f"Nothing to launch: target={target!r}. HINT: give a script path or "
+                         "-m module.")
+    if ps and not chief:
+        chief = True  # the coordinator of a parameter-server job
+    if cluster is None:
+        cluster = ClusterSpec.local(workers=workers, ps=ps, chief=chief, evaluator=evaluator)
+    python = python or sys.executable
+    script = [python, "-m", target] if module else [python, target]
+    plans = []
+    for job, index in cluster.tasks:
+        serves = bool(cluster.num_ps) and job in ("worker", "ps")
+        argv = ([python, "-m", "tfdist", "serve"] if serves else script + list(args))
+        env = {"TF_CONFIG": cluster.to_json(job, index), "PYTHONUNBUFFERED": "1",
+               "TFDIST_TASK": f"{job}:{index}"}
+        env.update(extra_env or {})
+        plans.append(TaskPlan(f"{job}:{index}", tuple(argv), env, serves))
+    return plans
+
+
+class _Task:
+    def __init__(self, plan: TaskPlan, out: TextIO, lock: threading.Lock,
+                 log_dir: Optional[str], quiet: bool):
+        self.plan = plan
+        self.output: List[str] = []
+        self.started = time.monotonic()
+        self.ended: Optional[float] = None
+        self.stopped = False
+        env = dict(os.environ)
+        env.update(plan.env)
+        self.log = open(os.path.join(log_dir, plan.task.replace(":", "-") + ".log"), "a") \
+            if log_dir else None
+        self.proc = subprocess.Popen(
+            list(plan.argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True, text=True, errors="replace",
+            bufsize=1)
+        self.reader = threading.Thread(target=self._read, args=(out, lock, quiet), daemon=True)
+        self.reader.start()
+
+    def _read(self, out: TextIO, lock: threading.Lock, quiet: bool) -> None:
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            self.output.append(line)
+            if self.log:
+                self.log.write(line + "\n")
+                self.log.flush()
+            if not quiet:
+                with lock:  # whole lines only: never interleave two tasks' partial lines
+                    out.write(f"[{self.plan.task}] {line}\n")
+                    out.flush()
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)  # the task and anything it started
+            except ProcessLookupError:
+                pass
+
+    def result(self) -> TaskResult:
+        self.reader.join(timeout=5)
+        if self.log:
+            self.log.close()
+            self.log = None
+        end = self.ended if self.ended is not None else time.monotonic()
+        return TaskResult(self.plan.task, self.proc.returncode, self.output,
+                          end - self.started, self.stopped)
+
+
+def run_job(plans: Sequence[TaskPlan], *, timeout: Optional[float] = None,
+            grace: float = GRACE_SECONDS, out: Optional[TextIO] = None,
+            log_dir: Optional[str] = None, quiet: bool = False) -> JobResult:
+    """Runs the planned tasks until every script task has exited, or one fails.
+
+    When a task exits non-zero, or `timeout` seconds pass, every other task is stopped
+    (SIGTERM to its process group, SIGKILL after `grace` seconds). Server-only tasks are
+    stopped once every script task has succeeded.
+
+    Returns:
+        JobResult. Raises nothing for failed tasks: see `launch`.
+    """
+    out = out or sys.stdout
+    lock = threading.Lock()
+    if log_dir:
+        os.makedirs(log_dir, exist_ok=True)
+    tasks: List[_Task] = []
+    deadline = None if timeout is None else time.monotonic() + timeout
+    interrupted: List[int] = []
+    previous = {}
+
+    def on_signal(signum, frame):
+        interrupted.append(signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, on_signal)
+    try:
+        for plan in plans:
+            tasks.append(_Task(plan, out, lock, log_dir, quiet))
+        reason = None
+        while reason is None:
+            time.sleep(0.05)
+            for task in tasks:
+                if task.ended is None and task.proc.poll() is not None:
+                    task.ended = time.monotonic()
+            failed = [t for t in tasks if t.ended is not None and t.proc.returncode != 0]
+            if failed:
+                reason = "failed"
+            elif all(t.ended is not None for t in tasks if not t.plan.serves):
+                reason = "done"
+            elif interrupted:
+                reason = "interrupted"
+            elif deadline is not None and time.monotonic() > deadline:
+                reason = "timeout"
+        _stop(tasks, grace)
+    finally:
+        for task in tasks:  # whatever happened above, no child outlives the launcher
+            task.signal(signal.SIGKILL)
+            task.proc.wait()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return JobResult(reason, {t.plan.task: t.result() for t in tasks})
+
+
+def _stop(tasks: List[_Task], grace: float) -> None:
+    running = [t for t in tasks if t.proc.poll() is None]
+    for task in running:
+        task.stopped = True
+        task.signal(signal.SIGTERM)
+    end = time.monotonic() + grace
+    while time.monotonic() < end and any(t.proc.poll() is None for t in running):
+        time.sleep(0.05)
+    for task in running:
+        task.signal(signal.SIGKILL)
+        task.proc.wait()
+        if task.ended is None:
+            task.ended = time.monotonic()
+
+
+def _failure_message(result: JobResult, timeout) -> str:
+    reason, results = result.reason, result.tasks
+    if reason == "timeout":
+        return f"The job did not finish within --timeout {timeout:g} s; every task was stopped."
+    if reason == "interrupted":
+        return "The job was interrupted; every task was stopped."
+    first = min((r for r in results.values() if r.returncode not in (0, None) and not r.stopped),
+                key=lambda r: r.seconds, default=None)
+    if first is None:
+        return "The job failed."
+    code = first.returncode
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    return f"Task {first.task} {how}; the other tasks were stopped. Its last lines:\n{first.tail}"
+
+
+def launch(target: str, args: Sequence[str] = (), *, workers: int = 1, ps: int = 0,
+           chief: bool = False, evaluator: bool = False, module: bool = False,
+           max_restarts: int = 0, timeout: Optional[float] = None, log_dir: Optional[str] = None,
+           extra_env: Optional[Mapping[str, str]] = None, quiet: bool = False,
+           out: Optional[TextIO] = None, check: bool = False) -> Dict[str, int]:
+    """Runs `target` as a local multi-process job; the Python twin of `tfdist launch`.
+
+    Args:
+        target: str. A script path, or a module name with `module=True`.
+        args: list of str. The script's arguments.
+        workers / ps / chief / evaluator: the tasks of the job (see `plan_job`).
+        max_restarts: int. Restart the whole job, on fresh ports, at most this many times after
+            a failure. Defaults to 0.
+        timeout: float. Seconds before the job is stopped. Defaults to no limit.
+        log_dir: str. Also write each task's output to `<log_dir>/<type>-<index>.log`.
+        check: bool. Raise `JobFailed` instead of returning when the job fails.
+
+    Returns:
+        dict: task name ("worker:0") -> exit code of the last attempt.
+    """
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be a non-negative integer. Received: {max_restarts!r}.")
+    out = out or sys.stdout
+    attempt = 0
+    while True:
+        plans = plan_job(target, args, workers=workers, ps=ps, chief=chief, evaluator=evaluator,
+                         module=module, extra_env=extra_env)
+        result = run_job(plans, timeout=timeout, out=out, log_dir=log_dir, quiet=quiet)
+        if result.ok:
+            return result.returncodes
+        message = _failure_message(result, timeout)
+        if result.reason == "failed" and attempt < max_restarts:
+            attempt += 1
+            out.write(f"[tfdist] {message}\n[tfdist] Restarting the job ({attempt}/{max_restarts})"
+                      " on fresh ports.\n")
+            out.flush()
+            continue
+        if check:
+            raise JobFailed(message, result)
+        out.write(f"[tfdist] {message}\n")
+        out.flush()
+        return result.returncodes

@@ -1,0 +1,210 @@
+"""`tfdist.testing`: test distributed TensorFlow code on CPUs, in-process or as local clusters.
+
+A pytest plugin, registered through the `pytest11` entry point, so installing tfdist makes the
+fixtures available in any test suite:
+
+- `virtual_cpus` (session): splits the host CPU into `tfdist_virtual_cpus` logical devices
+  (ini option, default 2) before TensorFlow initialises; returns their names.
+- `free_ports`: a function `free_ports(n)` -> n distinct free TCP ports.
+- `run_cluster`: a function that runs a Python function in every task of a local multi-process
+  cluster and returns each task's exit code, output and return value (see `run_cluster`).
+- env-leak guard: with `tfdist_env_guard = true` in the ini file, a test that leaves TF_CONFIG,
+  a TFDIST_* variable or CUDA_VISIBLE_DEVICES changed fails.
+- marker `requires_gpu(n=1)`: skips the test on hosts with fewer than n GPUs.
+
+TensorFlow is imported inside fixture bodies only, so loading the plugin stays cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import pickle
+import sys
+import tempfile
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+
+import pytest
+
+from tfdist.cluster import free_ports as _free_ports
+from tfdist.launcher import JobResult, plan_job, run_job
+
+__all__ = ["ClusterRunError", "TaskRun", "run_cluster"]
+
+GUARDED_VARIABLES = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "TF_USE_LEGACY_KERAS")
+
+
+class ClusterRunError(AssertionError):
+    """A task of `run_cluster` failed or timed out. The message holds every task's output."""
+
+
+@dataclasses.dataclass
+class TaskRun:
+    """One task of a `run_cluster` job."""
+
+    task: str
+    returncode: Optional[int]
+    output: str
+    value: Any = None
+    error: Optional[str] = None
+
+
+def run_cluster(fn: Callable, *, workers: int = 2, ps: int = 0, chief: bool = False,
+                args: Sequence = (), kwargs: Optional[Mapping] = None, timeout: float = 180.0,
+                env: Optional[Mapping[str, str]] = None, check: bool = True) -> Dict[str, TaskRun]:
+    """Runs `fn(*args, **kwargs)` in every training task of a local multi-process cluster.
+
+    Each task is a fresh Python process with its own TF_CONFIG on free loopback ports. In a
+    parameter-server job (ps > 0) the worker and ps tasks run servers and `fn` runs on the chief.
+    A hard timeout stops every task (and anything it started) so a hung collective never hangs
+    the test run.
+
+    Args:
+        fn: a module-level function (importable by its module and name), returning a picklable
+            value. It typically calls `tfdist.make_strategy()` first.
+        workers / ps / chief: the cluster. Defaults to 2 workers.
+        args / kwargs: picklable arguments for `fn`.
+        timeout: float. Seconds before every task is killed. Defaults to 180.
+        env: mapping. Extra environment variables for every task.
+        check: bool. Raise `ClusterRunError` (with all outputs) unless every task succeeded.
+
+    Returns:
+        dict: task name ("worker:0") -> TaskRun(returncode, output, value, error).
+
+    Example:
+
+    ```python
+    def allreduce():
+        strategy = tfdist.make_strategy()
+        ...
+        return total
+
+    def test_allreduce(run_cluster):
+        runs = run_cluster(allreduce, workers=2)
+        assert runs["worker:0"].value == runs["worker:1"].value == 3.0
+    ```
+    """
+    module, qualname, source = _reference(fn)
+    with tempfile.TemporaryDirectory(prefix="tfdist-run-") as tmp:
+        call_file = os.path.join(tmp, "call.pkl")
+        with open(call_file, "wb") as f:
+            pickle.dump((tuple(args), dict(kwargs or {})), f)
+        paths = [os.path.dirname(source)] if source else []
+        paths += [p for p in sys.path if p and os.path.isdir(p)]
+        extra = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+        extra.update(env or {})
+        plans = plan_job("tfdist._run", [module, qualname, source, call_file, tmp],
+                         workers=workers, ps=ps, chief=chief, module=True, extra_env=extra)
+        result = run_job(plans, timeout=timeout, quiet=True, grace=3.0)
+        runs = {name: _task_run(name, r, tmp) for name, r in result.tasks.items()}
+    if check and not result.ok:
+        raise ClusterRunError(_report(fn, result, runs, timeout))
+    return runs
+
+
+def _reference(fn: Callable):
+    if not callable(fn) or "<locals>" in getattr(fn, "__qualname__", "<locals>"):
+        raise TypeError(
+            f"run_cluster needs a module-level function that child processes can import. "
+            f"Received: {fn!r}. HINT: define it at the top level of the test module.")
+    source = inspect.getsourcefile(fn) or ""
+    module = fn.__module__
+    if module == "__main__":
+        module = os.path.splitext(os.path.basename(source))[0]
+    return module, fn.__qualname__, os.path.abspath(source) if source else ""
+
+
+def _task_run(name: str, result, tmp: str) -> TaskRun:
+    run = TaskRun(name, result.returncode, "\n".join(result.output))
+    path = os.path.join(tmp, name.replace(":", "-") + ".pkl")
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            status, payload = pickle.load(f)
+        if status == "ok":
+            run.value = payload
+        else:
+            run.error = payload
+    return run
+
+
+def _report(fn, result: JobResult, runs: Dict[str, TaskRun], timeout: float) -> str:
+    head = {"timeout": f"timed out after {timeout:g} s", "failed": "failed",
+            "interrupted": "was interrupted"}.get(result.reason, result.reason)
+    lines = [f"run_cluster({fn.__qualname__}) {head}."]
+    for name, run in runs.items():
+        tail = "\n    ".join(run.output.splitlines()[-40:])
+        lines.append(f"--- {name}: exit code {run.returncode}"
+                     f"{', ' + run.error if run.error else ''}\n    {tail}")
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------------- pytest plugin
+
+
+def pytest_addoption(parser):
+    parser.addini("tfdist_virtual_cpus", "logical CPUs made by the virtual_cpus fixture",
+                  default="2")
+    parser.addini("tfdist_env_guard", "fail tests that leak TF_CONFIG / TFDIST_* variables",
+                  type="bool", default=False)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "requires_gpu(n=1): skip unless this host has at least n GPUs")
+
+
+def pytest_runtest_setup(item):
+    marker = item.get_closest_marker("requires_gpu")
+    if marker is None:
+        return
+    needed = marker.kwargs.get("n", marker.args[0] if marker.args else 1)
+    import tensorflow as tf
+
+    found = len(tf.config.list_physical_devices("GPU"))
+    if found < needed:
+        pytest.skip(f"needs {needed} GPU(s); this host has {found}")
+
+
+@pytest.fixture(scope="session")
+def virtual_cpus(pytestconfig):
+    """The logical CPU names ("/cpu:0", ...), made before TensorFlow initialises."""
+    from tfdist.strategy import virtual_cpus as make
+
+    return make(int(pytestconfig.getini("tfdist_virtual_cpus")))
+
+
+@pytest.fixture
+def free_ports():
+    """`free_ports(n)` -> n distinct TCP ports free right now (never repeated in a process)."""
+    return _free_ports
+
+
+@pytest.fixture(name="run_cluster")
+def run_cluster_fixture():
+    """The `tfdist.testing.run_cluster` function."""
+    return run_cluster
+
+
+def _guarded(environ) -> dict:
+    return {k: v for k, v in environ.items()
+            if k in GUARDED_VARIABLES or k.startswith("TFDIST_")}
+
+
+@pytest.fixture(autouse=True)
+def _tfdist_env_guard(request):
+    if not request.config.getini("tfdist_env_guard"):
+        yield
+        return
+    before = _guarded(os.environ)
+    yield
+    after = _guarded(os.environ)
+    if after != before:
+        leaked = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        for key in leaked:  # restore, so one leak does not fail every later test
+            if key in before:
+                os.environ[key] = before[key]
+            else:
+                os.environ.pop(key, None)
+        pytest.fail(f"The test changed environment variable(s) {leaked} and did not restore "
+                    "them. HINT: use monkeypatch.setenv, or pass env= mappings.")
