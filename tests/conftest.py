@@ -8,6 +8,8 @@ import os
 
 import pytest
 
+pytest_plugins = ["pytester"]
+
 # Quiet TensorFlow's C++ logs here and in every child process the tests start.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

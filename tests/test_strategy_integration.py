@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tfdist import ClusterSpec
-from tfdist.testing import ClusterRunError
+from tfdist.testing import ClusterRunError, is_running
 
 pytestmark = pytest.mark.slow
 
@@ -107,9 +107,7 @@ def test_a_hung_worker_is_killed_and_reported(run_cluster, tmp_path):
     assert "--- worker:1" in str(err.value)
     pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
     assert len(pids) == 2
-    for pid in pids:  # no orphan survives the timeout
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    assert not [pid for pid in pids if is_running(pid)]  # no orphan survives the timeout
 
 
 def test_a_peer_that_never_joins_is_an_error_naming_the_cluster():

@@ -30,7 +30,7 @@ import pytest
 from tfdist.cluster import free_ports as _free_ports
 from tfdist.launcher import JobResult, plan_job, run_job
 
-__all__ = ["ClusterRunError", "TaskRun", "run_cluster"]
+__all__ = ["ClusterRunError", "TaskRun", "is_running", "run_cluster"]
 
 GUARDED_VARIABLES = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "TF_USE_LEGACY_KERAS")
 
@@ -48,6 +48,24 @@ class TaskRun:
     output: str
     value: Any = None
     error: Optional[str] = None
+
+
+def is_running(pid: int) -> bool:
+    """True while process `pid` runs (a zombie, killed but not yet reaped, does not count).
+
+    For tests that check that no task of a job outlives it.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: fall back to signal 0
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
 
 def run_cluster(fn: Callable, *, workers: int = 2, ps: int = 0, chief: bool = False,
