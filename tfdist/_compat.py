@@ -75,3 +75,63 @@ def check_tensorflow() -> None:
             f"tfdist needs TensorFlow >= {'.'.join(map(str, MIN_TENSORFLOW))}. Found: "
             f"{tf.__version__}. HINT: pip install -U 'tensorflow>=2.16'."
         )
+
+
+# =============================================================================================
+# Fixes of Keras 3 internals under tf.distribute.
+#
+# Each fix is a function registered with @keras_fix: it patches one Keras 3 internal at the
+# right depth, is a no-op outside the strategies it concerns (single-device Keras behaviour is
+# never changed), names its upstream issue in a comment, and has a test that fails without it
+# (tests run with TFDIST_KERAS_FIXES=0 to show the upstream failure).
+# `apply_keras_fixes()` is called by `tfdist.make_strategy`; users call nothing else.
+# Opt out: TFDIST_KERAS_FIXES=0.
+# =============================================================================================
+
+_FIXES: dict = {}
+_APPLIED: set = set()
+# Keras 3 releases whose internals the fixes were written against and tested with.
+KERAS_FIXES_TESTED = ((3, 10), (3, 15))
+
+
+def keras_fix(name: str):
+    """Registers a fix of Keras 3 internals, applied once by `apply_keras_fixes`."""
+
+    def register(function):
+        _FIXES[name] = function
+        return function
+
+    return register
+
+
+def keras_fixes_enabled(env: Optional[Mapping[str, str]] = None) -> bool:
+    env = os.environ if env is None else env
+    return env.get("TFDIST_KERAS_FIXES", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def apply_keras_fixes() -> list:
+    """Applies every registered fix once (Keras 3 only). Returns the names applied so far.
+
+    A no-op under tf_keras, or with TFDIST_KERAS_FIXES=0.
+    """
+    if uses_legacy_keras() or not keras_fixes_enabled():
+        return sorted(_APPLIED)
+    version = _version_tuple(keras().__version__)[:2]
+    if not KERAS_FIXES_TESTED[0] <= version <= KERAS_FIXES_TESTED[1]:
+        import warnings
+
+        warnings.warn(
+            f"tfdist's Keras fixes were tested with Keras {KERAS_FIXES_TESTED[0]} to "
+            f"{KERAS_FIXES_TESTED[1]}; this is Keras {keras().__version__}. They are applied, "
+            "but report problems (TFDIST_KERAS_FIXES=0 turns them off).", stacklevel=2)
+    for name, function in _FIXES.items():
+        if name not in _APPLIED:
+            function()
+            _APPLIED.add(name)
+    return sorted(_APPLIED)
+
+
+# --------------------------------------------------- mirrored and multi_worker_mirrored fixes
+
+
+# ------------------------------------------------------------------ parameter_server fixes
