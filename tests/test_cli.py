@@ -1,0 +1,278 @@
+"""Tests for the `tfdist` command: in-process `main([...])` and the real console script.
+
+`tf-config` does not import TensorFlow, so its subprocess tests are cheap. `tfdist env` does;
+its two reports (with and without TF_CONFIG) run concurrently, once per module.
+"""
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tfdist.cli import main
+from tfdist.cluster import ClusterSpec
+
+TIMEOUT = 120
+
+
+def _tfdist_command():
+    """The installed console script next to this interpreter (else on PATH)."""
+    path = (shutil.which("tfdist", path=os.path.dirname(sys.executable))
+            or shutil.which("tfdist"))
+    if path is None:
+        pytest.skip("the `tfdist` console script is not installed")
+    return [path]
+
+
+LAUNCHERS = {
+    "console-script": _tfdist_command,
+    "python-m": lambda: [sys.executable, "-m", "tfdist"],
+}
+
+
+def _child_env(**extra):
+    """os.environ without any cluster description, TF logs quiet, plus `extra`."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS", "CUDA_VISIBLE_DEVICES")
+           and not k.startswith(("SLURM_", "TFDIST_"))}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env.update(extra)
+    return env
+
+
+def _run(launcher, args, **env):
+    return subprocess.run(LAUNCHERS[launcher]() + list(args), env=_child_env(**env),
+                          capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def _parse_export(stdout):
+    """`# task` / `export TF_CONFIG='...'` lines -> [(comment or None, TF_CONFIG dict)]."""
+    entries, comment = [], None
+    for line in stdout.splitlines():
+        if line.startswith("#"):
+            comment = line[1:].strip()
+            continue
+        words = shlex.split(line)
+        assert len(words) == 2 and words[0] == "export", line
+        name, _, value = words[1].partition("=")
+        assert name == "TF_CONFIG", line
+        entries.append((comment, json.loads(value)))
+        comment = None
+    return entries
+
+
+def _clear_cluster_env(monkeypatch):
+    for key in list(os.environ):
+        if key.startswith(("SLURM_", "TFDIST_")):
+            monkeypatch.delenv(key)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+
+
+# ------------------------------------------------------------------- tf-config, in process
+
+SPEC = ClusterSpec.from_hosts(workers=["h1:2222", "h2:2222"], ps=["h3:2222"])
+CHIEF_SPEC = ClusterSpec.from_hosts(workers=["w1:1"], chief="c:1", task_type="chief")
+
+
+@pytest.mark.parametrize("argv, spec, tasks", [
+    pytest.param(["tf-config", "--worker", "h1:2222,h2:2222", "--ps", "h3:2222"],
+                 SPEC, [("worker", 0)], id="default-task-worker0"),
+    pytest.param(["tf-config", "--worker", "h1:2222", "--worker", "h2:2222", "--ps", "h3:2222",
+                  "--task", "worker:1"], SPEC, [("worker", 1)], id="repeated-flags"),
+    pytest.param(["tf-config", "--worker", "h1:2222,h2:2222", "--ps", "h3:2222", "--task",
+                  "ps:0"], SPEC, [("ps", 0)], id="ps-task"),
+    pytest.param(["tf-config", "--worker", "h1:2222,h2:2222", "--ps", "h3:2222", "--all"],
+                 SPEC, [("worker", 0), ("worker", 1), ("ps", 0)], id="all"),
+    pytest.param(["tf_config", "--worker", "h1:2222,h2:2222", "--ps=h3:2222", "--all"],
+                 SPEC, [("worker", 0), ("worker", 1), ("ps", 0)], id="underscore-alias"),
+    pytest.param(["tf-config", "--chief", "c:1", "--worker", "w1:1"],
+                 CHIEF_SPEC, [("chief", 0)], id="default-task-chief"),
+    pytest.param(["tf-config", "--chief", "c:1", "--worker", "w1:1", "--all"],
+                 CHIEF_SPEC, [("chief", 0), ("worker", 0)], id="chief-all"),
+])
+@pytest.mark.parametrize("fmt", ["json", "export"])
+def test_tf_config_in_process(capsys, argv, spec, tasks, fmt):
+    assert main(argv + ["--format", fmt]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    if fmt == "json":
+        configs = [json.loads(line) for line in out.splitlines()]
+        comments = None
+    else:
+        entries = _parse_export(out)
+        configs = [config for _, config in entries]
+        comments = [comment for comment, _ in entries]
+    assert configs == [spec.to_tf_config(t, i) for t, i in tasks]
+    if comments is not None:
+        all_tasks = "--all" in argv
+        assert comments == ([f"{t}:{i}" for t, i in tasks] if all_tasks else [None] * len(tasks))
+
+
+def test_tf_config_reads_the_environment_without_flags(monkeypatch, capsys):
+    _clear_cluster_env(monkeypatch)
+    spec = ClusterSpec.local(workers=3, task_index=2)
+    monkeypatch.setenv("TF_CONFIG", spec.to_json())
+    assert main(["tf-config"]) == 0
+    assert json.loads(capsys.readouterr().out) == spec.to_tf_config()
+    assert main(["tf-config", "--all"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(line) for line in lines] == [spec.to_tf_config("worker", i)
+                                                     for i in range(3)]
+
+
+@pytest.mark.parametrize("argv, message", [
+    pytest.param(["--worker", "h1"], "'h1' is not a 'host:port' address", id="no-port"),
+    pytest.param(["--worker", "h1:0"], "port '0' in 'h1:0'", id="port-0"),
+    pytest.param(["--worker", "h1:2222", "--task", "worker:5"],
+                 "Task worker:5 is not in the cluster", id="task-out-of-range"),
+    pytest.param(["--worker", "h1:2222", "--task", "master:0"],
+                 "Task type 'master' is not a job", id="task-type-not-in-cluster"),
+    pytest.param(["--ps", "h3:2222"], "A 'ps' job (['h3:2222']) needs a 'worker' job",
+                 id="ps-only"),
+    pytest.param(["--worker", "h1:2222,h1:2222"], "Address 'h1:2222' is used twice",
+                 id="duplicate"),
+    pytest.param([], "No cluster: give its tasks", id="no-cluster"),
+])
+def test_tf_config_errors_in_process(monkeypatch, capsys, argv, message):
+    _clear_cluster_env(monkeypatch)
+    assert main(["tf-config"] + argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("tfdist tf-config: error: ")
+    assert message in err
+
+
+def test_tf_config_invalid_tf_config_in_environment(monkeypatch, capsys):
+    _clear_cluster_env(monkeypatch)
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["h1:2222"]}, "task": ')
+    assert main(["tf-config"]) == 2
+    assert "TF_CONFIG is not valid JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    pytest.param(["tf-config", "--worker", "h:1", "--task", "worker"],
+                 "'worker' is not a task like 'worker:0'", id="task-without-index"),
+    pytest.param(["tf-config", "--worker", "h:1", "--task", "worker:x"],
+                 "'worker:x' is not a task like", id="task-bad-index"),
+    pytest.param(["tf-config", "--worker", "h:1", "--task", "worker:0", "--all"],
+                 "not allowed with argument", id="task-and-all"),
+    pytest.param(["tf-config", "--worker", "h:1", "--format", "yaml"],
+                 "invalid choice: 'yaml'", id="bad-format"),
+    pytest.param([], "required", id="no-command"),
+    pytest.param(["frobnicate"], "invalid choice: 'frobnicate'", id="unknown-command"),
+])
+def test_usage_errors_exit_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as excinfo:
+        main(argv)
+    assert excinfo.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ tf-config, real processes
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_tf_config_all_export_subprocess(launcher):
+    result = _run(launcher, ["tf-config", "--worker", "h1:2222,h2:2222", "--ps", "h3:2222",
+                             "--all", "--format", "export"])
+    assert result.returncode == 0, result.stderr
+    entries = _parse_export(result.stdout)
+    tasks = [("worker", 0), ("worker", 1), ("ps", 0)]
+    assert entries == [(f"{t}:{i}", SPEC.to_tf_config(t, i)) for t, i in tasks]
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_tf_config_task_json_subprocess(launcher):
+    result = _run(launcher, ["tf-config", "--worker", "h1:2222,h2:2222", "--ps", "h3:2222",
+                             "--task", "worker:1"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("\n") == 1
+    config = json.loads(result.stdout)
+    assert config == SPEC.to_tf_config("worker", 1)
+    assert ClusterSpec.from_tf_config(result.stdout.strip()) == SPEC.replace_task("worker", 1)
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_tf_config_error_subprocess(launcher):
+    result = _run(launcher, ["tf-config", "--worker", "h1:2222,h2", "--all"])
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "tfdist tf-config: error:" in result.stderr
+    assert "'h2' is not a 'host:port' address" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_exported_tf_config_survives_a_shell():
+    """The export lines are valid shell: sourcing one gives back the exact JSON."""
+    sh = shutil.which("sh")
+    if sh is None:
+        pytest.skip("no POSIX shell")
+    result = _run("console-script", ["tf-config", "--worker", "h1:2222,h2:2222", "--ps",
+                                     "h3:2222", "--task", "ps:0", "--format", "export"])
+    assert result.returncode == 0, result.stderr
+    shell = subprocess.run([sh, "-c", result.stdout + 'printf "%s" "$TF_CONFIG"'],
+                           env=_child_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert shell.returncode == 0, shell.stderr
+    assert json.loads(shell.stdout) == SPEC.to_tf_config("ps", 0)
+
+
+# -------------------------------------------------------------------- env, real processes
+
+ENV_SPEC = ClusterSpec.from_hosts(workers=["127.0.0.1:23456", "127.0.0.1:23457"], task_index=1)
+
+
+@pytest.fixture(scope="module")
+def env_reports():
+    """`tfdist env --json` with a 2-worker TF_CONFIG and with no cluster, run concurrently."""
+    command = _tfdist_command() + ["env", "--json"]
+    envs = {"tf_config": _child_env(TF_CONFIG=ENV_SPEC.to_json()), "none": _child_env()}
+    procs = {name: subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+             for name, env in envs.items()}
+    results = {}
+    try:
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=TIMEOUT)
+            results[name] = (proc.returncode, out, err)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
+
+
+def _report(env_reports, name):
+    code, out, err = env_reports[name]
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_env_json_with_tf_config(env_reports):
+    import tensorflow as tf
+
+    report = _report(env_reports, "tf_config")
+    assert report["tensorflow"] == tf.__version__
+    assert report["keras_flavour"] == "keras3"
+    assert report["cluster"]["detected_from"] == "tf_config"
+    assert report["cluster"]["task"] == "worker:1"
+    assert report["cluster"]["jobs"] == ENV_SPEC.cluster
+    assert report["cluster"]["num_workers"] == 2
+    assert report["cluster"]["is_chief"] is False
+    assert report["auto_strategy"] == "multi_worker_mirrored"
+    assert report["environment_variables"]["TF_CONFIG"] == ENV_SPEC.to_json()
+
+
+def test_env_json_without_cluster(env_reports):
+    report = _report(env_reports, "none")
+    assert report["cluster"]["detected_from"] == "local"
+    assert report["cluster"]["task"] is None
+    assert report["cluster"]["jobs"] == {}
+    assert report["cluster"]["is_chief"] is True
+    assert report["auto_strategy"] in ("one_device", "mirrored")
+    assert "TF_CONFIG" not in report["environment_variables"]
+    expected = "mirrored" if len(report["replica_devices"]) > 1 else "one_device"
+    assert report["auto_strategy"] == expected
