@@ -209,3 +209,12 @@ def test_parameter_server_partitioner_strings():
     assert _partitioner("fixed", 3, None, None)(tf.TensorShape([10, 4]), tf.float32) == [3, 1]
     with pytest.raises(ValueError, match=r"variable_partitioner='even' is not known"):
         _partitioner("even", 2, None, None)
+
+
+def test_tfdist_strategy_variable_overrides_auto_only(monkeypatch, virtual_cpus):
+    monkeypatch.setenv("TFDIST_STRATEGY", "one_device")
+    assert isinstance(make_strategy(cluster=SINGLE), tf.distribute.OneDeviceStrategy)
+    assert isinstance(make_strategy("mirrored", cluster=SINGLE), tf.distribute.MirroredStrategy)
+    monkeypatch.setenv("TFDIST_STRATEGY", "mirored")
+    with pytest.raises(ValueError, match="strategy='mirored' is not a known strategy"):
+        make_strategy(cluster=SINGLE)

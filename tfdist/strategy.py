@@ -295,7 +295,8 @@ def make_strategy(name: str = "auto", *, cluster: Optional[ClusterSpec] = None,
     Args:
         name: str. "auto", "one_device", "mirrored", "multi_worker_mirrored",
             "parameter_server" or "default" (alias "off": TensorFlow's default strategy).
-            Defaults to "auto".
+            Defaults to "auto", which yields to TFDIST_STRATEGY when that is set (as by
+            `tfdist launch --strategy NAME`).
         cluster: ClusterSpec. Defaults to `tfdist.detect_cluster()` (TF_CONFIG, SLURM, local).
         devices: list of device strings ("/gpu:0", "/cpu:1"). Defaults to every local GPU, else
             every logical CPU. `one_device` uses the first.
@@ -312,7 +313,9 @@ def make_strategy(name: str = "auto", *, cluster: Optional[ClusterSpec] = None,
                 "max_size" / "fixed"), with `min_shard_bytes` / `max_shards` for the strings.
 
     Returns:
-        tf.distribute.Strategy: a real TensorFlow strategy.
+        tf.distribute.Strategy: a real TensorFlow strategy. In the worker and ps tasks of a
+        parameter-server job (with a chief) it never returns: those tasks serve, so the same
+        script runs unchanged in every role.
 
     Raises:
         TypeError: a wrong type, or an option the strategy does not take.
@@ -330,6 +333,8 @@ def make_strategy(name: str = "auto", *, cluster: Optional[ClusterSpec] = None,
     ```
     """
     key = _canonical_name(name)
+    if key == "auto" and os.environ.get("TFDIST_STRATEGY", "").strip():
+        key = _canonical_name(os.environ["TFDIST_STRATEGY"])  # set by `tfdist launch --strategy`
     if cluster is None:
         cluster = detect_cluster()
     elif not isinstance(cluster, ClusterSpec):
@@ -349,6 +354,10 @@ def make_strategy(name: str = "auto", *, cluster: Optional[ClusterSpec] = None,
         )
     if key != "parameter_server":
         _check_communication(key, communication)
+    if key != "default":
+        from tfdist import _compat
+
+        _compat.apply_keras_fixes()  # the plain Keras idiom works on what tfdist makes
     return _BUILDERS[key](cluster=cluster, devices=devices, found=found,
                           communication=communication, **options)
 
@@ -517,10 +526,12 @@ def _build_parameter_server(*, cluster, communication, variable_partitioner=None
             f"communication={communication!r} is not valid for strategy 'parameter_server' "
             "(variables live on the ps tasks; there is no all-reduce). Choose: auto.")
     if cluster.task_type in ("worker", "ps") and cluster.has_chief:
-        raise ValueError(
-            f"Task {cluster.task} builds a parameter_server strategy, but in a parameter-server "
-            "job only the chief coordinates; workers and ps tasks serve. HINT: in those tasks "
-            "call tfdist.serve() (tfdist.fit does this for you).")
+        # In a parameter-server job only the chief runs the training code; worker and ps tasks
+        # serve. Serving here lets one script run unchanged in every role (a Kubernetes TFJob
+        # starts the same command in each replica).
+        log.info("tfdist: task %s of a parameter-server job serves until the job ends.",
+                 cluster.task)
+        serve(cluster)
     partitioner = _partitioner(variable_partitioner, cluster.num_ps, min_shard_bytes, max_shards)
     spec = cluster.to_tf()
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(

@@ -1,0 +1,281 @@
+"""The plain Keras idiom under a strategy, scenario by scenario.
+
+Each scenario takes a strategy and returns plain data (numbers, lists), so the same code runs
+in the test process (mirrored on virtual CPUs), in local multi-process clusters, on tf_keras
+(TF_USE_LEGACY_KERAS=1) and with tfdist's Keras fixes turned off (TFDIST_KERAS_FIXES=0).
+`run_all` runs a list of scenarios and records each one's result or error, so one process
+(whose start costs seconds) serves many checks.
+"""
+
+import hashlib
+import traceback
+
+import numpy as np
+
+from tfdist import _compat
+
+
+def keras():
+    return _compat.keras()
+
+
+def tf():
+    import tensorflow
+
+    return tensorflow
+
+
+def digest(model) -> str:
+    return hashlib.md5(b"".join(np.asarray(w).tobytes() for w in model.get_weights())).hexdigest()
+
+
+def regression_data(n=101, features=4, seed=0):
+    rng = np.random.RandomState(seed)
+    x = rng.rand(n, features).astype("float32")
+    y = (x @ np.arange(1, features + 1, dtype="float32")[:, None] / features
+         + 0.1).astype("float32")
+    return x, y
+
+
+def mlp(strategy, features=4, optimizer=None, seed=1, **compile_kwargs):
+    """A small regression MLP built and compiled in `strategy`'s scope.
+
+    optimizer: a callable() -> optimizer, called inside the scope. Defaults to SGD(0.05).
+    """
+    k = keras()
+    k.utils.set_random_seed(seed)
+    with strategy.scope():
+        model = k.Sequential([k.Input((features,)), k.layers.Dense(8, activation="relu"),
+                              k.layers.Dense(1)])
+        model.compile(optimizer=optimizer() if optimizer else k.optimizers.SGD(0.05),
+                      loss="mse", metrics=["mae"], **compile_kwargs)
+    return model
+
+
+def weights(model):
+    return [np.asarray(w).tolist() for w in model.get_weights()]
+
+
+def max_difference(a, b) -> float:
+    return max(float(np.max(np.abs(np.asarray(u) - np.asarray(v)))) for u, v in zip(a, b))
+
+
+# ------------------------------------------------------------------------------ scenarios
+
+
+def validation_split_uneven(strategy):
+    """fit(x, y, validation_split=0.1): 101 examples, batch 10, last batches uneven."""
+    x, y = regression_data(101)
+    model = mlp(strategy)
+    history = model.fit(x, y, batch_size=10, epochs=3, validation_split=0.1, shuffle=False,
+                        verbose=0)
+    return {"loss": history.history["loss"], "val_loss": history.history["val_loss"]}
+
+
+def uneven_batches(strategy):
+    """Batches of 7 do not split evenly over the replicas; fit and evaluate still work."""
+    tf_ = tf()
+    x, y = regression_data(70)
+    data = tf_.data.Dataset.from_tensor_slices((x, y)).batch(7)
+    model = mlp(strategy)
+    history = model.fit(data, epochs=3, verbose=0)
+    return {"loss": history.history["loss"], "evaluate": model.evaluate(data, verbose=0),
+            "predict_shape": list(np.asarray(model.predict(data, verbose=0)).shape)}
+
+
+def matches_one_device(strategy, batch_size=8, epochs=2):
+    """With even batches and a fixed input order, training equals one-device training."""
+    tf_ = tf()
+    x, y = regression_data(64)
+    data = tf_.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
+    results = {}
+    for name, s in (("strategy", strategy), ("one_device", tf_.distribute.get_strategy())):
+        model = mlp(s)
+        history = model.fit(data, epochs=epochs, verbose=0)
+        results[name] = {"weights": weights(model), "loss": history.history["loss"]}
+    return {"loss": results["strategy"]["loss"],
+            "max_weight_difference": max_difference(results["strategy"]["weights"],
+                                                    results["one_device"]["weights"]),
+            "moved": max_difference(results["strategy"]["weights"],
+                                    weights(mlp(tf_.distribute.get_strategy())))}
+
+
+def string_inputs(strategy):
+    """String features through a StringLookup layer inside the model."""
+    k, tf_ = keras(), tf()
+    words = np.array(["red", "green", "blue", "red", "blue", "green"] * 6)
+    labels = np.array([(w == "red") * 1.0 for w in words], dtype="float32")[:, None]
+    data = tf_.data.Dataset.from_tensor_slices((tf_.constant(words), labels)).batch(6)
+    k.utils.set_random_seed(0)
+    with strategy.scope():
+        inputs = k.Input(shape=(), dtype="string")
+        lookup = k.layers.StringLookup(vocabulary=["red", "green", "blue"])
+        hidden = k.layers.Embedding(4, 4)(lookup(inputs))
+        model = k.Model(inputs, k.layers.Dense(1, activation="sigmoid")(hidden))
+        model.compile(k.optimizers.Adam(0.05), "binary_crossentropy", metrics=["accuracy"])
+    history = model.fit(data, epochs=8, verbose=0)
+    predictions = model.predict(tf_.constant(["red", "blue"]), verbose=0)
+    return {"loss": history.history["loss"], "accuracy": history.history["accuracy"][-1],
+            "predictions": np.asarray(predictions).ravel().tolist()}
+
+
+def steps_per_execution(strategy):
+    """compile(steps_per_execution=3) reaches the same weights as one step per call."""
+    x, y = regression_data(100)
+    results = {}
+    for spe in (1, 3):
+        model = mlp(strategy, steps_per_execution=spe)
+        history = model.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0)
+        results[spe] = {"weights": weights(model), "loss": history.history["loss"],
+                        "iterations": int(model.optimizer.iterations.numpy()),
+                        "evaluate": model.evaluate(x, y, batch_size=10, verbose=0)}
+    return {"iterations": results[3]["iterations"], "loss": results[3]["loss"],
+            "max_weight_difference": max_difference(results[1]["weights"],
+                                                    results[3]["weights"])}
+
+
+def gradient_accumulation(strategy):
+    """optimizer(gradient_accumulation_steps=2) matches the same on one device."""
+    k, tf_ = keras(), tf()
+    x, y = regression_data(64)
+    data = tf_.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    results = {}
+    for name, s in (("strategy", strategy), ("one_device", tf_.distribute.get_strategy())):
+        model = mlp(s, optimizer=lambda: k.optimizers.Adam(0.01, gradient_accumulation_steps=2))
+        model.fit(data, epochs=1, verbose=0)
+        results[name] = {"weights": weights(model),
+                         "iterations": int(model.optimizer.iterations.numpy())}
+    return {"iterations": results["strategy"]["iterations"],
+            "max_weight_difference": max_difference(results["strategy"]["weights"],
+                                                    results["one_device"]["weights"]),
+            "moved": max_difference(results["strategy"]["weights"],
+                                    weights(mlp(tf_.distribute.get_strategy())))}
+
+
+def dropout_masks(strategy):
+    """Dropout draws a different mask on each replica, reproducibly."""
+    k, tf_ = keras(), tf()
+
+    def masks(seed):
+        k.utils.set_random_seed(seed)
+        with strategy.scope():
+            layer = k.layers.Dropout(0.5)
+
+        @tf_.function
+        def step():
+            return strategy.run(lambda: layer(tf_.ones([4, 64]), training=True))
+
+        return [np.asarray(t).tolist() for t in strategy.experimental_local_results(step())]
+
+    first, again = masks(7), masks(7)
+    return {"replicas": len(first),
+            "distinct_masks": len({hashlib.md5(np.asarray(m).tobytes()).hexdigest()
+                                   for m in first}),
+            "reproducible": first == again}
+
+
+def embedding_and_jit(strategy):
+    """Sparse Embedding gradients train; jit_compile=True trains (without XLA across replicas)."""
+    import warnings
+
+    k, tf_ = keras(), tf()
+    rng = np.random.RandomState(0)
+    tokens = rng.randint(0, 50, size=(64, 5))
+    labels = (tokens.sum(1, keepdims=True) > 125).astype("float32")
+    data = tf_.data.Dataset.from_tensor_slices((tokens, labels)).batch(16)
+    results = {}
+    for jit in (False, True):
+        k.utils.set_random_seed(3)
+        with strategy.scope():
+            model = k.Sequential([k.Input((5,), dtype="int32"), k.layers.Embedding(50, 8),
+                                  k.layers.GlobalAveragePooling1D(),
+                                  k.layers.Dense(1, activation="sigmoid")])
+            model.compile(k.optimizers.SGD(0.5), "binary_crossentropy", jit_compile=jit)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            history = model.fit(data, epochs=4, verbose=0)
+        results[f"jit_{jit}"] = {"loss": history.history["loss"],
+                                 "warnings": [str(w.message) for w in caught
+                                              if "jit_compile" in str(w.message)]}
+    return results
+
+
+def fit_evaluate_predict(strategy):
+    """A dataset of (x, y), of dict inputs, and with sample weights; evaluate; predict."""
+    k, tf_ = keras(), tf()
+    x, y = regression_data(64)
+    sample_weight = np.linspace(0.5, 1.5, 64).astype("float32")
+    results = {}
+    model = mlp(strategy)
+    data = tf_.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    results["xy_loss"] = model.fit(data, epochs=3, verbose=0).history["loss"]
+    results["evaluate"] = model.evaluate(data, verbose=0)
+    predictions = model.predict(tf_.data.Dataset.from_tensor_slices(x).batch(16), verbose=0)
+    results["predict_shape"] = list(np.asarray(predictions).shape)
+    results["predict_matches_call"] = float(np.max(np.abs(
+        np.asarray(predictions) - np.asarray(model(x)))))
+    results["xy_weights"] = digest(model)
+    weighted = mlp(strategy)
+    data_w = tf_.data.Dataset.from_tensor_slices((x, y, sample_weight)).batch(16)
+    results["weighted_loss"] = weighted.fit(data_w, epochs=2, verbose=0).history["loss"]
+    results["weighted_weights"] = digest(weighted)
+    k.utils.set_random_seed(1)
+    with strategy.scope():
+        a, b = k.Input((2,), name="a"), k.Input((2,), name="b")
+        out = k.layers.Dense(1)(k.layers.Concatenate()([a, b]))
+        named = k.Model({"a": a, "b": b}, out)
+        named.compile(k.optimizers.SGD(0.05), "mse")
+    data_d = tf_.data.Dataset.from_tensor_slices(({"a": x[:, :2], "b": x[:, 2:]}, y)).batch(16)
+    results["dict_loss"] = named.fit(data_d, epochs=3, verbose=0).history["loss"]
+    results["dict_weights"] = digest(named)
+    return results
+
+
+def optimizer_made_outside_the_scope(strategy):
+    """An optimizer created before strategy.scope() is refused with the fix."""
+    k = keras()
+    optimizer = k.optimizers.Adam(0.01)
+    x, y = regression_data(16)
+    with strategy.scope():
+        model = k.Sequential([k.Input((4,)), k.layers.Dense(1)])
+        model.compile(optimizer=optimizer, loss="mse")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    return {"trained": True}
+
+
+def run_all(strategy, names):
+    """Runs scenarios by name; returns {name: {"ok": result} or {"error": text}}."""
+    results = {}
+    for name in names:
+        try:
+            results[name] = {"ok": globals()[name](strategy)}
+        except Exception as err:  # recorded: the tests assert on the upstream error text
+            results[name] = {"error": f"{type(err).__name__}: {err}",
+                             "where": traceback.format_exc(limit=-3)}
+    return results
+
+
+MIRRORED = ["validation_split_uneven", "uneven_batches", "matches_one_device", "string_inputs",
+            "steps_per_execution", "gradient_accumulation", "dropout_masks", "embedding_and_jit",
+            "fit_evaluate_predict", "optimizer_made_outside_the_scope"]
+MULTI_WORKER = ["fit_evaluate_predict", "matches_one_device", "gradient_accumulation",
+                "steps_per_execution", "dropout_masks"]
+NOT_IN_TF_KERAS = {"gradient_accumulation", "optimizer_made_outside_the_scope"}
+
+
+def in_subprocess_mirrored(names, cpus=4):
+    """For run_cluster(workers=1): the scenarios on `cpus` virtual CPUs, in a fresh process."""
+    import tfdist
+
+    tfdist.virtual_cpus(cpus)
+    strategy = tfdist.make_strategy("mirrored", cluster=tfdist.ClusterSpec({}))
+    return run_all(strategy, names)
+
+
+def in_multi_worker(names):
+    """For run_cluster(workers=2): the scenarios under multi_worker_mirrored from TF_CONFIG."""
+    import tfdist
+
+    strategy = tfdist.make_strategy()
+    return {"strategy": type(strategy).__name__, "replicas": strategy.num_replicas_in_sync,
+            "results": run_all(strategy, names)}
