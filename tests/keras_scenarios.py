@@ -279,3 +279,45 @@ def in_multi_worker(names):
     strategy = tfdist.make_strategy()
     return {"strategy": type(strategy).__name__, "replicas": strategy.num_replicas_in_sync,
             "results": run_all(strategy, names)}
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def backup_and_restore(directory, interrupt_after_epoch=None, epochs=4):
+    """For run_cluster(workers=2): fit with ModelCheckpoint + BackupAndRestore in `directory`.
+
+    With `interrupt_after_epoch`, both workers stop with an exception at the end of that
+    epoch (a crash after the backup was written). Returns the epochs each run trained, the
+    final weights, and the weights of an uninterrupted run made in the same process.
+    """
+    import os
+
+    import tfdist
+
+    k, tf_ = keras(), tf()
+    strategy = tfdist.make_strategy()
+    x, y = regression_data(64)
+    data = tf_.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    trained = []
+
+    class Record(k.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            trained.append(epoch)
+
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == interrupt_after_epoch:
+                raise _Interrupt(f"interrupted after epoch {epoch}")
+
+    model = mlp(strategy)
+    callbacks = [k.callbacks.BackupAndRestore(os.path.join(directory, "backup")),
+                 k.callbacks.ModelCheckpoint(os.path.join(directory, "epoch{epoch}.weights.h5"),
+                                             save_weights_only=True),
+                 Record()]
+    history = model.fit(data, epochs=epochs, callbacks=callbacks, verbose=0)
+    reference = mlp(strategy)
+    reference.fit(data, epochs=epochs, verbose=0)
+    return {"trained_epochs": trained, "history_epochs": history.epoch,
+            "max_weight_difference": max_difference(weights(model), weights(reference)),
+            "chief": strategy.extended.should_checkpoint}

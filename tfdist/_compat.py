@@ -85,7 +85,7 @@ def check_tensorflow() -> None:
 # never changed), names its upstream issue in a comment, and has a test that fails without it
 # (tests run with TFDIST_KERAS_FIXES=0 to show the upstream failure).
 # `apply_keras_fixes()` is called by `tfdist.make_strategy`; users call nothing else.
-# Opt out: TFDIST_KERAS_FIXES=0.
+# Opt out: TFDIST_KERAS_FIXES=0 (all), or a comma list of "-name" to skip single fixes.
 # =============================================================================================
 
 _FIXES: dict = {}
@@ -109,10 +109,24 @@ def keras_fixes_enabled(env: Optional[Mapping[str, str]] = None) -> bool:
     return env.get("TFDIST_KERAS_FIXES", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def _skipped_fixes(env: Optional[Mapping[str, str]] = None) -> set:
+    """Fixes named "-name" in TFDIST_KERAS_FIXES (e.g. "-no_xla_step_across_replicas")."""
+    env = os.environ if env is None else env
+    names = {part.strip()[1:] for part in env.get("TFDIST_KERAS_FIXES", "").split(",")
+             if part.strip().startswith("-")}
+    unknown = names - set(_FIXES)
+    if unknown:
+        raise ValueError(
+            f"TFDIST_KERAS_FIXES names unknown fix(es) {sorted(unknown)}. Known: "
+            f"{', '.join(_FIXES)}.")
+    return names
+
+
 def apply_keras_fixes() -> list:
     """Applies every registered fix once (Keras 3 only). Returns the names applied so far.
 
-    A no-op under tf_keras, or with TFDIST_KERAS_FIXES=0.
+    A no-op under tf_keras, or with TFDIST_KERAS_FIXES=0. Fixes listed as "-name" in
+    TFDIST_KERAS_FIXES are skipped.
     """
     if uses_legacy_keras() or not keras_fixes_enabled():
         return sorted(_APPLIED)
@@ -124,8 +138,9 @@ def apply_keras_fixes() -> list:
             f"tfdist's Keras fixes were tested with Keras {KERAS_FIXES_TESTED[0]} to "
             f"{KERAS_FIXES_TESTED[1]}; this is Keras {keras().__version__}. They are applied, "
             "but report problems (TFDIST_KERAS_FIXES=0 turns them off).", stacklevel=2)
+    skipped = _skipped_fixes()
     for name, function in _FIXES.items():
-        if name not in _APPLIED:
+        if name not in _APPLIED and name not in skipped:
             function()
             _APPLIED.add(name)
     return sorted(_APPLIED)
@@ -351,6 +366,64 @@ def _fix_jit_compile_across_replicas():
             return original(self, step_function)
         finally:
             self._jit_compile = saved
+
+    trainer.TensorFlowTrainer._make_function = _make_function
+
+
+@keras_fix("multi_worker_steps_per_execution")
+def _fix_multi_worker_steps_per_execution():
+    # keras-team/keras#19246 ("You must feed a value for placeholder tensor"). With
+    # steps_per_execution > 1, TensorFlowTrainer._make_function
+    # (keras/src/backend/tensorflow/trainer.py) runs the step, itself a tf.function holding
+    # collective all-reduces, inside tf.cond inside tf.while_loop. Under multi_worker_mirrored
+    # TensorFlow cannot feed that nested function's collective keys: "You must feed a value for
+    # placeholder tensor 'while/body/.../while/cond/Placeholder'". The same loop with the step
+    # inlined (no nested tf.function) works, so for multi-worker strategies tfdist builds that
+    # loop: up to steps_per_execution steps, stopping early when the data ends, as upstream.
+    import tensorflow as tf
+
+    trainer = _tf_trainer()
+    original = trainer.TensorFlowTrainer._make_function
+
+    def _make_function(self, step_function):
+        strategy = self._distribute_strategy
+        if (strategy is None or self.run_eagerly or self.steps_per_execution == 1
+                or not trainer._collective_all_reduce_multi_worker(strategy)):
+            return original(self, step_function)
+        steps = self.steps_per_execution
+        fallback = original(self, step_function)
+
+        def one_step(data):  # deliberately not a tf.function: see above
+            outputs = strategy.run(step_function, args=(data,))
+            return trainer.reduce_per_replica(outputs, strategy, reduction="auto")
+
+        one_step = self._autoconvert_optionals(one_step)
+
+        @tf.function(reduce_retracing=True)
+        def multi_step(iterator):
+            outputs = one_step(iterator.get_next())  # OutOfRange ends the epoch, as upstream
+
+            def keep_going(step, outputs, exhausted):
+                return tf.logical_and(step < steps, tf.logical_not(exhausted))
+
+            def body(step, outputs, exhausted):
+                optional = iterator.get_next_as_optional()
+                outputs, exhausted = tf.cond(
+                    optional.has_value(),
+                    lambda: (one_step(optional.get_value()), tf.constant(False)),
+                    lambda: (outputs, tf.constant(True)))
+                return step + 1, outputs, exhausted
+
+            _, outputs, _ = tf.while_loop(
+                keep_going, body, [tf.constant(1), outputs, tf.constant(False)])
+            return outputs
+
+        def function(iterator):
+            if isinstance(iterator, tf.distribute.DistributedIterator):
+                return multi_step(iterator)
+            return fallback(iterator)
+
+        return function
 
     trainer.TensorFlowTrainer._make_function = _make_function
 
