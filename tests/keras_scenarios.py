@@ -168,10 +168,9 @@ def dropout_masks(strategy):
         return [np.asarray(t).tolist() for t in strategy.experimental_local_results(step())]
 
     first, again = masks(7), masks(7)
-    return {"replicas": len(first),
-            "distinct_masks": len({hashlib.md5(np.asarray(m).tobytes()).hexdigest()
-                                   for m in first}),
-            "reproducible": first == again}
+    digests = [hashlib.md5(np.asarray(m).tobytes()).hexdigest() for m in first]
+    return {"replicas": len(first), "distinct_masks": len(set(digests)),
+            "reproducible": first == again, "digests": digests}
 
 
 def embedding_and_jit(strategy):

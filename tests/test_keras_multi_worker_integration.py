@@ -91,6 +91,7 @@ def test_dropout_masks_differ_between_workers(jobs):
     # one replica per worker: each process sees one mask; the two workers' masks differ
     first, second = both(jobs, "tfdist", "dropout_masks")
     assert first["replicas"] == second["replicas"] == 1 and first["reproducible"]
+    assert first["digests"] != second["digests"]
 
 
 def test_same_scenarios_on_tf_keras(jobs):

@@ -4,6 +4,7 @@
     tfdist tf-config --worker h:p,h:p ...    TF_CONFIG of one task, or of every task (--all)
     tfdist launch --workers 2 train.py ...   run a script as a local multi-process job
     tfdist serve                             run this task as a parameter-server job's server
+    tfdist doctor                            env report + a real 2-process smoke test
 
 Flags accept hyphens or underscores (--max-restarts / --max_restarts).
 """
@@ -15,7 +16,7 @@ import json
 import os
 import shlex
 import sys
-from typing import List, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 from tfdist.cluster import ClusterConfigError, ClusterSpec
 from tfdist.environments import detect_cluster, detect_environment
@@ -78,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     lau.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
     sub.add_parser("serve", help="run this task (from TF_CONFIG) as a worker/ps server")
+
+    doc = sub.add_parser("doctor", help="environment report plus a real 2-process smoke test")
+    doc.add_argument("--timeout", type=float, default=180.0,
+                     help="seconds for the smoke test (default 180)")
     return parser
 
 
@@ -218,5 +223,74 @@ def _cmd_serve(args) -> int:
     return 0
 
 
+def diagnose(env: Mapping[str, str], devices: Sequence[str]) -> List[str]:
+    """Problems tfdist can recognise before running anything, each with its fix."""
+    problems = []
+    if env.get("TF_CONFIG", "").strip():
+        problems.append(
+            "TF_CONFIG is set in this shell, so every TensorFlow program started here joins "
+            "that cluster (and waits for its peers). HINT: `unset TF_CONFIG` for local runs; "
+            "`tfdist launch` sets it per task.")
+    if env.get("TFDIST_COMMUNICATION", "").strip().lower() == "nccl" and not any(
+            "gpu" in d.lower() for d in devices):
+        problems.append(
+            f"TFDIST_COMMUNICATION=nccl, but this host has no GPU (replicas: {list(devices)}). "
+            "HINT: unset it or use ring; NCCL needs every replica on a GPU.")
+    return problems
+
+
+def smoke_verdict(result) -> List[str]:
+    """Reads the smoke job's result; returns the failures, each with its fix."""
+    failures = []
+    for name, task in result.tasks.items():
+        text = "\n".join(task.output)
+        if result.reason == "timeout":
+            failures.append(
+                f"{name}: no result in time. HINT: a firewall or a blocked loopback port stops "
+                "the workers from meeting; check that 127.0.0.1 ports are open.")
+            continue
+        if "could not form the multi-worker cluster" in text:
+            failures.append(f"{name}: the workers could not meet on loopback. HINT: a blocked "
+                            "port or a proxy (unset http_proxy/grpc_proxy for 127.0.0.1).")
+        elif "SMOKE allreduce=3" not in text:
+            failures.append(f"{name}: the all-reduce did not give 1 + 2 = 3. Last lines:\n"
+                            + "\n".join(task.output[-10:]))
+        elif "SMOKE fit_steps=3" not in text:
+            failures.append(f"{name}: the 3-step multi-worker fit failed. Last lines:\n"
+                            + "\n".join(task.output[-10:]))
+    return failures
+
+
+def _cmd_doctor(args) -> int:
+    import time
+
+    from tfdist.launcher import plan_job, run_job
+
+    report = environment_report()
+    _cmd_env(argparse.Namespace(json=False))
+    print("\n-- checks")
+    problems = diagnose(os.environ, report["replica_devices"])
+    if "error" in report["cluster"]:
+        problems.append(f"The detected cluster is invalid: {report['cluster']['error']}")
+    for problem in problems:
+        print(f"PROBLEM  {problem}")
+    print("-- smoke test: 2 workers on loopback (all-reduce, then a 3-step fit)")
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "TFDIST_STRATEGY": "multi_worker_mirrored"}
+    started = time.monotonic()
+    plans = plan_job("tfdist._smoke", module=True, workers=2, extra_env=env)
+    result = run_job(plans, timeout=args.timeout, quiet=True, grace=3.0)
+    failures = smoke_verdict(result)
+    for failure in failures:
+        print(f"FAILED   {failure}")
+    seconds = time.monotonic() - started
+    if not failures:
+        print(f"OK       2 workers met, all-reduced 1 + 2 = 3 and trained 3 steps "
+              f"({seconds:.1f} s)")
+    verdict = "healthy" if not (failures or problems) else (
+        "problems found (see above)" if not failures else "broken (see above)")
+    print(f"\nverdict: {verdict}")
+    return 1 if failures else 0
+
+
 _COMMANDS = {"env": _cmd_env, "tf-config": _cmd_tf_config, "launch": _cmd_launch,
-             "serve": _cmd_serve}
+             "serve": _cmd_serve, "doctor": _cmd_doctor}

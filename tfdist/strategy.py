@@ -302,7 +302,8 @@ def make_strategy(name: str = "auto", *, cluster: Optional[ClusterSpec] = None,
             every logical CPU. `one_device` uses the first.
         communication: str. How replicas all-reduce. multi_worker_mirrored: "auto" (NCCL when
             every replica is a GPU, else ring), "ring", "nccl". mirrored: "auto", "nccl",
-            "hierarchical_copy", "reduce_to_one_device". Defaults to "auto".
+            "hierarchical_copy", "reduce_to_one_device". Defaults to "auto", which yields to
+            TFDIST_COMMUNICATION when that is set.
         **options: TensorFlow's own options, validated and passed through:
             mirrored: `cross_device_ops`.
             multi_worker_mirrored: `communication_options`, or `bytes_per_pack` and
@@ -335,6 +336,8 @@ def make_strategy(name: str = "auto", *, cluster: Optional[ClusterSpec] = None,
     key = _canonical_name(name)
     if key == "auto" and os.environ.get("TFDIST_STRATEGY", "").strip():
         key = _canonical_name(os.environ["TFDIST_STRATEGY"])  # set by `tfdist launch --strategy`
+    if communication == "auto" and os.environ.get("TFDIST_COMMUNICATION", "").strip():
+        communication = os.environ["TFDIST_COMMUNICATION"].strip()
     if cluster is None:
         cluster = detect_cluster()
     elif not isinstance(cluster, ClusterSpec):

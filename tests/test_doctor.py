@@ -1,0 +1,52 @@
+"""tfdist doctor: the checks it can make without running anything, and a real smoke test."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tfdist.cli import diagnose, smoke_verdict
+from tfdist.launcher import JobResult, TaskResult
+
+
+def test_diagnose_recognises_shell_settings_with_their_fixes():
+    assert diagnose({}, ["/cpu:0"]) == []
+    [problem] = diagnose({"TF_CONFIG": '{"cluster": {}}'}, ["/cpu:0"])
+    assert problem.startswith("TF_CONFIG is set in this shell") and "unset TF_CONFIG" in problem
+    [problem] = diagnose({"TFDIST_COMMUNICATION": "NCCL"}, ["/cpu:0", "/cpu:1"])
+    assert "no GPU (replicas: ['/cpu:0', '/cpu:1'])" in problem and "use ring" in problem
+    assert diagnose({"TFDIST_COMMUNICATION": "nccl"}, ["/gpu:0"]) == []
+
+
+def _job(reason, *outputs):
+    return JobResult(reason, {f"worker:{i}": TaskResult(f"worker:{i}", 0, list(lines), 1.0)
+                              for i, lines in enumerate(outputs)})
+
+
+@pytest.mark.parametrize("job, expected", [
+    (_job("done", ["SMOKE allreduce=3", "SMOKE fit_steps=3"]), []),
+    (_job("timeout", []), ["no result in time. HINT: a firewall or a blocked loopback port"]),
+    (_job("failed", ["RuntimeError: Task worker:0 could not form the multi-worker cluster"]),
+     ["could not meet on loopback. HINT: a blocked port or a proxy"]),
+    (_job("failed", ["SMOKE allreduce=2"]), ["the all-reduce did not give 1 + 2 = 3"]),
+    (_job("failed", ["SMOKE allreduce=3", "ValueError: boom"]),
+     ["the 3-step multi-worker fit failed. Last lines:\nSMOKE allreduce=3\nValueError: boom"]),
+])
+def test_smoke_verdicts(job, expected):
+    failures = smoke_verdict(job)
+    assert len(failures) == len(expected)
+    for failure, text in zip(failures, expected):
+        assert text in failure
+
+
+@pytest.mark.slow
+def test_doctor_runs_a_real_smoke_test_and_flags_tf_config_in_the_shell():
+    env = dict(os.environ, TF_CONFIG='{"cluster": {"worker": ["127.0.0.1:1"]}, '
+                                     '"task": {"type": "worker", "index": 0}}')
+    proc = subprocess.run([sys.executable, "-m", "tfdist", "doctor", "--timeout", "150"],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PROBLEM  TF_CONFIG is set in this shell" in proc.stdout
+    assert "OK       2 workers met, all-reduced 1 + 2 = 3 and trained 3 steps" in proc.stdout
+    assert "verdict: problems found" in proc.stdout
