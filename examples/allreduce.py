@@ -15,7 +15,6 @@ def main():
     total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(contribution)), axis=None)
     print(f"{type(strategy).__name__} with {strategy.num_replicas_in_sync} replicas: "
           f"task {spec.task} gave {contribution:g}, all-reduced sum = {float(total):g}")
-    tfdist.strategy.exit_barrier()
 
 
 if __name__ == "__main__":

@@ -456,6 +456,8 @@ def _build_multi_worker(*, cluster, found, communication, communication_options=
         except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as err:
             raise RuntimeError(_startup_failure(cluster, err)) from err
         _MWMS_CACHE[key] = strategy
+        if resolver is not None:
+            _register_exit_barrier()
         return strategy
 
 
@@ -603,16 +605,49 @@ def serve(cluster: Optional[ClusterSpec] = None) -> None:
     server.join()
 
 
-def exit_barrier() -> None:
+def exit_barrier(timeout: float = 120.0) -> None:
     """Waits until every worker of this process's multi-worker strategy reaches this point.
 
-    A worker that exits while its peers still run collectives breaks them ("Socket closed").
-    Call this at the end of a multi-worker program (tfdist's runners do it for you). A no-op
-    when this process built no multi-worker strategy.
+    A worker that exits while its peers still run aborts their collectives (the leader's
+    exit: "Failed to send RPC to coordination service", "Socket closed"). tfdist runs this at
+    interpreter exit of every process that built a multi-worker strategy (unless it is dying
+    of an uncaught exception); calling it earlier is harmless. A no-op without such a strategy.
+
+    Args:
+        timeout: float. Seconds to wait for the peers before giving up.
     """
     import tensorflow as tf
 
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
     for key, strategy in list(_MWMS_CACHE.items()):
         if key != ("local",):
-            value = strategy.run(lambda: tf.constant(1.0))
-            strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+            strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, tf.constant(1.0), options=options))
+
+
+_DYING = []
+
+
+def _note_uncaught_exception(hook):
+    def excepthook(*args):
+        _DYING.append(True)
+        hook(*args)
+
+    return excepthook
+
+
+def _barrier_at_exit() -> None:
+    if _DYING:
+        return  # the launcher stops the peers; waiting for them would only delay that
+    try:
+        exit_barrier()
+    except Exception as err:  # a peer already failed: nothing left to protect
+        log.warning("tfdist: the exit barrier did not complete: %s", err)
+
+
+def _register_exit_barrier() -> None:
+    import atexit
+    import sys
+
+    sys.excepthook = _note_uncaught_exception(sys.excepthook)
+    atexit.register(_barrier_at_exit)
