@@ -6,7 +6,9 @@ and on tf_keras. Three jobs run at a time.
 """
 
 import concurrent.futures
+import glob
 import os
+import tempfile
 
 import pytest
 
@@ -102,8 +104,13 @@ def test_same_scenarios_on_tf_keras(jobs):
         assert result["max_weight_difference"] < 1e-5
 
 
+def _worker_temp_dirs():
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "tfdist-worker*")))
+
+
 def test_checkpoints_write_once_and_backup_resumes_at_the_right_epoch(tmp_path):
     directory = str(tmp_path)
+    temp_dirs_before = _worker_temp_dirs()
     first = run_cluster(scenarios.backup_and_restore, workers=2, args=(directory, 1),
                         check=False, timeout=600)
     for run in first.values():
@@ -118,3 +125,4 @@ def test_checkpoints_write_once_and_backup_resumes_at_the_right_epoch(tmp_path):
         assert result["max_weight_difference"] < 1e-5  # as if never interrupted
     # written once, by the chief; the non-chief's temporary copies are gone; backup removed
     assert sorted(os.listdir(tmp_path)) == [f"epoch{e}.weights.h5" for e in range(1, 5)]
+    assert _worker_temp_dirs() == temp_dirs_before

@@ -1,8 +1,10 @@
 """tfdist launch with real TensorFlow workers (slow: several seconds a process)."""
 
 import io
+import os
 import textwrap
 
+import numpy as np
 import pytest
 
 from tfdist.launcher import launch
@@ -33,3 +35,30 @@ def test_a_worker_that_finishes_first_does_not_break_its_peers(tmp_path):
     # without tfdist's exit barrier the leader's early exit aborts worker 1's collectives
     assert "Failed to send RPC to coordination service" not in text, text
     assert "StartAbort" not in text, text
+
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
+
+
+def test_restart_resumes_from_backup_after_a_worker_is_killed(tmp_path):
+    interrupted, uninterrupted = tmp_path / "interrupted", tmp_path / "uninterrupted"
+    interrupted.mkdir()
+    uninterrupted.mkdir()
+    script = os.path.join(SCRIPTS, "train_backup.py")
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    out = io.StringIO()
+    codes = launch(script, [str(interrupted), "--kill-worker-1-in-epoch", "2"], workers=2,
+                   max_restarts=1, timeout=400, out=out, extra_env=env)
+    text = out.getvalue()
+    assert codes == {"worker:0": 0, "worker:1": 0}, text[text.find("Restarting"):]
+    assert "Task worker:1 was killed by signal 9" in text
+    assert "Restarting the job (1/1) on fresh ports" in text
+    assert (interrupted / "killed-once").exists()
+    epochs = [line.split()[0] for line in (interrupted / "epochs.log").read_text().splitlines()]
+    assert epochs == ["0", "1", "2"]  # every epoch finished exactly once, across the restart
+    launch(script, [str(uninterrupted)], workers=2, timeout=300, out=io.StringIO(),
+           extra_env=env, check=True)
+    resumed = np.load(interrupted / "final.npz")
+    reference = np.load(uninterrupted / "final.npz")
+    for key in reference.files:
+        np.testing.assert_allclose(resumed[key], reference[key], atol=1e-5)

@@ -436,15 +436,18 @@ def _fix_multi_worker_checkpoints():
     # (keras/src/callbacks/) let every worker write and delete the same paths: "BlockingIOError:
     # Unable to synchronously create file (unable to lock file)", "FileExistsError: ... backup",
     # then the peers' collectives abort. As in tf_keras: every worker still saves (saving may
-    # read distributed variables collectively), non-chief workers into <dir>/.workertemp_<id>,
-    # removed right after; only the chief writes the real path and deletes the backup at the
-    # end. All workers restore from the chief's backup (a shared filesystem, as in tf_keras).
+    # read distributed variables collectively), non-chief workers into a private temporary
+    # directory removed right after (not inside the chief's directory, which the chief may
+    # delete while a slower peer still writes); only the chief writes the real path and
+    # deletes the backup at the end. All workers restore from the chief's backup (a shared
+    # filesystem, as in tf_keras).
     import shutil
+    import tempfile
 
     from keras.src.callbacks import backup_and_restore, model_checkpoint
 
-    def temp_dir(directory, task_id):
-        return os.path.join(directory or ".", f".workertemp_{task_id}")
+    def temp_dir(task_id):
+        return tempfile.mkdtemp(prefix=f"tfdist-worker{task_id}-")
 
     checkpoint_cls = model_checkpoint.ModelCheckpoint
     original_path, original_save = checkpoint_cls._get_file_path, checkpoint_cls._save_model
@@ -454,8 +457,7 @@ def _fix_multi_worker_checkpoints():
         role = _multi_worker_role(self.model)
         if role is None or role[0]:
             return path
-        directory = temp_dir(os.path.dirname(path), role[1])
-        os.makedirs(directory, exist_ok=True)
+        directory = temp_dir(role[1])
         self._tfdist_temp_dir = directory
         return os.path.join(directory, os.path.basename(path))
 
@@ -483,12 +485,11 @@ def _fix_multi_worker_checkpoints():
             os.makedirs(self.backup_dir, exist_ok=True)  # before peers can race for it
             return original_backup(self)
         saved = {name: getattr(self, name) for name in ("backup_dir",) + paths}
-        directory = temp_dir(self.backup_dir, role[1])
+        directory = temp_dir(role[1])
         try:
             self.backup_dir = directory
             for name in paths:
                 setattr(self, name, os.path.join(directory, os.path.basename(saved[name])))
-            os.makedirs(directory, exist_ok=True)
             return original_backup(self)
         finally:
             for name, value in saved.items():
