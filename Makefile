@@ -4,12 +4,12 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast demo clean
+.PHONY: install test demo docs bench clean
 
 $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,legacy]"
+	$(PY) -m pip install --quiet -e ".[test,legacy,docs]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -19,6 +19,12 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
+
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
+bench: $(STAMP)
+	$(PY) benchmarks/run.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

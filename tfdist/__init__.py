@@ -26,6 +26,13 @@ _LAZY = {
     "start_local_servers": "tfdist.strategy",
     "serve": "tfdist.strategy",
     "STRATEGY_NAMES": "tfdist.strategy",
+    "exit_barrier": "tfdist.strategy",
+    "set_precision": "tfdist.precision",
+    "precision_scope": "tfdist.precision",
+    "fit": "tfdist.training",
+    "evaluate": "tfdist.training",
+    "distribute_dataset": "tfdist.data",
+    "scale_learning_rate": "tfdist.data",
     "launch": "tfdist.launcher",
 }
 

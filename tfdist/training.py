@@ -1,0 +1,166 @@
+"""The training helper: build and compile in scope, feed the data, fit. On every strategy.
+
+    history = tfdist.fit(build_model, (x, y), global_batch_size=64, epochs=3)
+
+On mirrored and multi_worker_mirrored this is Keras' own `model.fit` (made to work on Keras 3
+by the fixes tfdist applies when it makes the strategy). On parameter_server, where Keras 3's
+fit has no support at all, tfdist drives the compiled model through a ClusterCoordinator
+loop of its own (`tfdist._coordinator`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from tfdist import data as data_lib
+from tfdist.environments import detect_cluster
+
+__all__ = ["evaluate", "fit"]
+
+
+def _is_parameter_server(strategy) -> bool:
+    import tensorflow as tf
+
+    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+
+
+def _build(build_model: Callable, strategy):
+    if not callable(build_model):
+        raise TypeError(
+            f"build_model must be a callable that returns a compiled Keras model (tfdist calls "
+            f"it inside strategy.scope()). Received: {build_model!r}. HINT: pass the function, "
+            "not the model: tfdist.fit(build_model, ...), not tfdist.fit(build_model(), ...).")
+    with strategy.scope():
+        model = build_model()
+    if not hasattr(model, "fit") or not hasattr(model, "compile"):
+        raise TypeError(
+            f"build_model() must return a Keras model. It returned: {model!r} (of type "
+            f"{type(model).__name__}).")
+    if not getattr(model, "compiled", getattr(model, "_is_compiled", False)):
+        raise ValueError(
+            "build_model() returned a model that is not compiled. HINT: call model.compile(...) "
+            "inside build_model, so that the optimizer and metrics are created in the strategy's "
+            "scope.")
+    return model
+
+
+def fit(build_model: Callable, data: Any, *, strategy=None, epochs: int = 1,
+        steps_per_epoch: Optional[int] = None, global_batch_size: Optional[int] = None,
+        validation_data: Any = None, validation_steps: Optional[int] = None,
+        callbacks=None, verbose="auto", shuffle: bool = False, seed: Optional[int] = None):
+    """Builds, compiles and trains a Keras model on any tfdist strategy.
+
+    Args:
+        build_model: callable() -> compiled keras.Model. Called inside `strategy.scope()`, so
+            the model's variables, optimizer and metrics are distributed.
+        data: tf.data.Dataset | callable(tf.distribute.InputContext) -> Dataset | numpy arrays
+            (x, (x, y) or (x, y, sample_weight); dicts of arrays for named inputs). A Dataset
+            without `global_batch_size` is taken as already batched with the global batch.
+        strategy: tf.distribute.Strategy. Defaults to `tfdist.make_strategy()`.
+        epochs: int. Defaults to 1.
+        steps_per_epoch: int. Required on parameter_server (its input repeats forever).
+        global_batch_size: int. The batch over all replicas; each replica gets
+            global_batch_size / num_replicas_in_sync. Defaults to 32 for arrays.
+        validation_data / validation_steps: evaluated after each epoch, same forms as `data`.
+        callbacks: list of keras.callbacks.Callback.
+        verbose: "auto", 0, 1 or 2. Progress is shown on the chief only.
+        shuffle / seed: shuffle examples each epoch (arrays and unbatched datasets).
+
+    Returns:
+        keras.callbacks.History; `history.model` is the trained model.
+
+    Example (the same script in every process of a job; TF_CONFIG differs):
+
+    ```python
+    def build_model():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+        return model
+
+    history = tfdist.fit(build_model, (x, y), global_batch_size=64, epochs=3,
+                         steps_per_epoch=100)
+    ```
+    """
+    from tfdist.strategy import make_strategy
+
+    if strategy is None:
+        strategy = make_strategy()  # in a parameter-server job's worker/ps tasks: serves
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"epochs must be a positive integer. Received: epochs={epochs!r}.")
+    model = _build(build_model, strategy)
+    verbose = _chief_verbose(verbose)
+    if _is_parameter_server(strategy):
+        from tfdist import _coordinator
+
+        if steps_per_epoch is None:
+            raise ValueError(
+                "steps_per_epoch is required on parameter_server: each worker reads its own "
+                "repeated input, so an epoch has no natural end. HINT: steps_per_epoch = "
+                "number of examples // global_batch_size.")
+        dataset_fn = data_lib.dataset_fn_for(data, global_batch_size, shuffle=shuffle,
+                                             seed=seed, repeat=True)
+        validation_fn = None if validation_data is None else data_lib.dataset_fn_for(
+            validation_data, global_batch_size, repeat=True)
+        if validation_data is not None and validation_steps is None:
+            raise ValueError("validation_steps is required with validation_data on "
+                             "parameter_server.")
+        history = _coordinator.fit_parameter_server(
+            model, strategy, dataset_fn, epochs=epochs, steps_per_epoch=steps_per_epoch,
+            callbacks=callbacks, verbose=verbose, validation_dataset_fn=validation_fn,
+            validation_steps=validation_steps)
+    else:
+        dataset = data_lib.distribute_dataset(data, strategy, global_batch_size,
+                                              shuffle=shuffle, seed=seed)
+        validation = None if validation_data is None else data_lib.distribute_dataset(
+            validation_data, strategy, global_batch_size)
+        history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                            validation_data=validation, validation_steps=validation_steps,
+                            callbacks=callbacks, verbose=verbose)
+    if getattr(history, "model", None) is not model:
+        history.set_model(model)  # Keras 3's History.model is a read-only property
+    return history
+
+
+def evaluate(model, data: Any, *, strategy=None, steps: Optional[int] = None,
+             global_batch_size: Optional[int] = None, verbose="auto", return_dict: bool = True):
+    """Evaluates a model built by `tfdist.fit` (or in a strategy's scope) on any strategy.
+
+    Args:
+        model: keras.Model, compiled, built under `strategy`'s scope.
+        data: the same forms as for `tfdist.fit`.
+        strategy: tf.distribute.Strategy. Defaults to the strategy the model was built under.
+        steps: int. Required on parameter_server.
+        global_batch_size: int. See `tfdist.fit`.
+        return_dict: bool. Return {metric name: value}. Defaults to True.
+
+    Returns:
+        dict of metric values (or a list with return_dict=False), aggregated over all replicas.
+    """
+    if strategy is None:
+        strategy = getattr(model, "distribute_strategy", None) or _default_strategy()
+    verbose = _chief_verbose(verbose)
+    if _is_parameter_server(strategy):
+        from tfdist import _coordinator
+
+        if steps is None:
+            raise ValueError("steps is required to evaluate on parameter_server.")
+        dataset_fn = data_lib.dataset_fn_for(data, global_batch_size, repeat=True)
+        return _coordinator.evaluate_parameter_server(
+            model, strategy, dataset_fn, steps=steps, verbose=verbose, return_dict=return_dict)
+    dataset = data_lib.distribute_dataset(data, strategy, global_batch_size)
+    return model.evaluate(dataset, steps=steps, verbose=verbose, return_dict=return_dict)
+
+
+def _default_strategy():
+    import tensorflow as tf
+
+    return tf.distribute.get_strategy()
+
+
+def _chief_verbose(verbose):
+    """Progress bars on the chief only; other tasks stay quiet."""
+    if verbose in (0, "0"):
+        return 0
+    if not detect_cluster().is_chief:
+        return 0
+    return verbose
