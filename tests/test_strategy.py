@@ -202,13 +202,18 @@ def test_parameter_server_partitioner_strings():
     from tfdist.strategy import _partitioner
 
     partitioners = tf.distribute.experimental.partitioners
-    p = _partitioner("min_size", 2, 1024, None)
+    p = _partitioner("min_size", 2, min_shard_bytes=1024)
     assert isinstance(p, partitioners.MinSizePartitioner)
     # 10 x 64 float32 = 2560 bytes, min 1024 bytes per shard -> capped at the 2 ps tasks
     assert p(tf.TensorShape([10, 64]), tf.float32) == [2, 1]
-    assert _partitioner("fixed", 3, None, None)(tf.TensorShape([10, 4]), tf.float32) == [3, 1]
+    # at most 1024 bytes per shard -> 3 shards, whatever the number of ps tasks
+    p = _partitioner("max_size", 2, max_shard_bytes=1024)
+    assert p(tf.TensorShape([10, 64]), tf.float32) == [3, 1]
+    assert _partitioner("fixed", 3)(tf.TensorShape([10, 4]), tf.float32) == [3, 1]
     with pytest.raises(ValueError, match=r"variable_partitioner='even' is not known"):
-        _partitioner("even", 2, None, None)
+        _partitioner("even", 2)
+    with pytest.raises(ValueError, match=r"max_shards go\(es\) with variable_partitioner="):
+        _partitioner(partitioners.FixedShardsPartitioner(2), 2, max_shards=3)
 
 
 def test_tfdist_strategy_variable_overrides_auto_only(monkeypatch, virtual_cpus):
@@ -218,3 +223,15 @@ def test_tfdist_strategy_variable_overrides_auto_only(monkeypatch, virtual_cpus)
     monkeypatch.setenv("TFDIST_STRATEGY", "mirored")
     with pytest.raises(ValueError, match="strategy='mirored' is not a known strategy"):
         make_strategy(cluster=SINGLE)
+
+
+def test_tfdist_communication_applies_only_where_it_is_a_valid_choice(monkeypatch, virtual_cpus):
+    monkeypatch.setenv("TFDIST_COMMUNICATION", "hierarchical_copy")
+    strategy = make_strategy("mirrored", cluster=SINGLE)
+    assert isinstance(strategy.extended._cross_device_ops, tf.distribute.HierarchicalCopyAllReduce)
+    monkeypatch.setenv("TFDIST_COMMUNICATION", "ring")  # a multi-worker choice: mirrored keeps auto
+    strategy = make_strategy("mirrored", cluster=SINGLE)
+    assert isinstance(strategy.extended._cross_device_ops, tf.distribute.ReductionToOneDevice)
+    monkeypatch.setenv("TFDIST_COMMUNICATION", "nccl")
+    with pytest.raises(ValueError, match="needs every replica on a GPU"):
+        make_strategy("mirrored", cluster=SINGLE)

@@ -52,7 +52,8 @@ _OPTIONS = {
     "mirrored": ("cross_device_ops",),
     "multi_worker_mirrored": ("communication_options", "bytes_per_pack", "timeout_seconds",
                               "startup_timeout"),
-    "parameter_server": ("variable_partitioner", "min_shard_bytes", "max_shards"),
+    "parameter_server": ("variable_partitioner", "min_shard_bytes", "max_shard_bytes",
+                         "max_shards"),
 }
 
 # A peer that never joins or a collective that never completes becomes an error after this
@@ -303,7 +304,7 @@ def make_strategy(name: str = "auto", *, cluster: Optional[ClusterSpec] = None,
         communication: str. How replicas all-reduce. multi_worker_mirrored: "auto" (NCCL when
             every replica is a GPU, else ring), "ring", "nccl". mirrored: "auto", "nccl",
             "hierarchical_copy", "reduce_to_one_device". Defaults to "auto", which yields to
-            TFDIST_COMMUNICATION when that is set.
+            TFDIST_COMMUNICATION when that names a choice valid for the strategy.
         **options: TensorFlow's own options, validated and passed through:
             mirrored: `cross_device_ops`.
             multi_worker_mirrored: `communication_options`, or `bytes_per_pack` and
@@ -311,7 +312,8 @@ def make_strategy(name: str = "auto", *, cluster: Optional[ClusterSpec] = None,
                 600 s; 0 disables), and `startup_timeout` (seconds to wait for every worker
                 to join; default TFDIST_STARTUP_TIMEOUT or 300 s).
             parameter_server: `variable_partitioner` (a TensorFlow partitioner, or "min_size" /
-                "max_size" / "fixed"), with `min_shard_bytes` / `max_shards` for the strings.
+                "max_size" / "fixed"), with `min_shard_bytes` (min_size), `max_shard_bytes`
+                (max_size) and `max_shards` (default: the number of ps tasks) for the strings.
 
     Returns:
         tf.distribute.Strategy: a real TensorFlow strategy. In the worker and ps tasks of a
@@ -336,8 +338,6 @@ def make_strategy(name: str = "auto", *, cluster: Optional[ClusterSpec] = None,
     key = _canonical_name(name)
     if key == "auto" and os.environ.get("TFDIST_STRATEGY", "").strip():
         key = _canonical_name(os.environ["TFDIST_STRATEGY"])  # set by `tfdist launch --strategy`
-    if communication == "auto" and os.environ.get("TFDIST_COMMUNICATION", "").strip():
-        communication = os.environ["TFDIST_COMMUNICATION"].strip()
     if cluster is None:
         cluster = detect_cluster()
     elif not isinstance(cluster, ClusterSpec):
@@ -355,6 +355,9 @@ def make_strategy(name: str = "auto", *, cluster: Optional[ClusterSpec] = None,
             f"make_strategy({key!r}) got unexpected option(s) {unknown}. Options accepted for "
             f"{key!r}: {accepted}."
         )
+    from_env = os.environ.get("TFDIST_COMMUNICATION", "").strip().lower()
+    if communication == "auto" and from_env in COMMUNICATIONS[key]:
+        communication = from_env  # a job-wide choice; where it does not apply, "auto" stays
     if key != "parameter_server":
         _check_communication(key, communication)
     if key != "default":
@@ -495,15 +498,19 @@ def _startup_failure(cluster: ClusterSpec, err: Exception) -> str:
     )
 
 
-def _partitioner(variable_partitioner, num_ps: int, min_shard_bytes, max_shards):
+def _partitioner(variable_partitioner, num_ps: int, min_shard_bytes=None, max_shard_bytes=None,
+                 max_shards=None):
     import tensorflow as tf
 
     partitioners = tf.distribute.experimental.partitioners
+    sizes = {"min_shard_bytes": min_shard_bytes, "max_shard_bytes": max_shard_bytes,
+             "max_shards": max_shards}
     if not isinstance(variable_partitioner, str):
-        if min_shard_bytes is not None or max_shards is not None:
+        given = sorted(k for k, v in sizes.items() if v is not None)
+        if given:
             raise ValueError(
-                "min_shard_bytes= / max_shards= go with variable_partitioner='min_size', "
-                "'max_size' or 'fixed'.")
+                f"{', '.join(given)} go(es) with variable_partitioner='min_size', 'max_size' "
+                "or 'fixed', not with a partitioner object.")
         return variable_partitioner
     shards = num_ps if max_shards is None else max_shards
     table: Dict[str, Callable] = {
@@ -511,8 +518,8 @@ def _partitioner(variable_partitioner, num_ps: int, min_shard_bytes, max_shards)
             min_shard_bytes=256 << 10 if min_shard_bytes is None else min_shard_bytes,
             max_shards=shards),
         "max_size": lambda: partitioners.MaxSizePartitioner(
-            max_shard_bytes=256 << 10 if min_shard_bytes is None else min_shard_bytes,
-            max_shards=shards),
+            max_shard_bytes=256 << 10 if max_shard_bytes is None else max_shard_bytes,
+            max_shards=max_shards),
         "fixed": lambda: partitioners.FixedShardsPartitioner(num_shards=shards),
     }
     if variable_partitioner not in table:
@@ -523,7 +530,7 @@ def _partitioner(variable_partitioner, num_ps: int, min_shard_bytes, max_shards)
 
 
 def _build_parameter_server(*, cluster, communication, variable_partitioner=None,
-                            min_shard_bytes=None, max_shards=None, **_):
+                            min_shard_bytes=None, max_shard_bytes=None, max_shards=None, **_):
     import tensorflow as tf
 
     if communication != "auto":
@@ -537,7 +544,8 @@ def _build_parameter_server(*, cluster, communication, variable_partitioner=None
         log.info("tfdist: task %s of a parameter-server job serves until the job ends.",
                  cluster.task)
         serve(cluster)
-    partitioner = _partitioner(variable_partitioner, cluster.num_ps, min_shard_bytes, max_shards)
+    partitioner = _partitioner(variable_partitioner, cluster.num_ps, min_shard_bytes,
+                               max_shard_bytes, max_shards)
     spec = cluster.to_tf()
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         spec, task_type="chief" if cluster.has_chief else None,

@@ -60,7 +60,8 @@ def fit(build_model: Callable, data: Any, *, strategy=None, epochs: int = 1,
         epochs: int. Defaults to 1.
         steps_per_epoch: int. Required on parameter_server (its input repeats forever).
         global_batch_size: int. The batch over all replicas; each replica gets
-            global_batch_size / num_replicas_in_sync. Defaults to 32 for arrays.
+            global_batch_size / num_replicas_in_sync. Required for arrays; for a Dataset,
+            given means "batch these examples", left out means "already batched".
         validation_data / validation_steps: evaluated after each epoch, same forms as `data`.
         callbacks: list of keras.callbacks.Callback.
         verbose: "auto", 0, 1 or 2. Progress is shown on the chief only.
