@@ -1,0 +1,159 @@
+"""The documentation builds without warnings, and its Python examples run.
+
+Every ```python block of docs/**/*.md is executed. The blocks of one page run in order in one
+fresh process (like cells of a notebook: later blocks use what earlier ones defined), on CPUs,
+in an empty working directory, with no TF_CONFIG or TFDIST_* variable set. A block that cannot
+run there (it needs a cluster or a GPU) carries a title containing "not run":
+
+    ```python title="on every GPU worker (not run by the tests)"
+
+and only a few blocks may do so.
+"""
+
+import concurrent.futures
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+NOT_RUN = "not run"
+MAX_NOT_RUN = 5
+PAGE_TIMEOUT = 240  # seconds for all blocks of one page
+
+# An opening fence (any indentation, e.g. inside an admonition), its info string, and the body
+# up to the closing fence of the same indentation.
+FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>[^`\n]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
+                   re.MULTILINE | re.DOTALL)
+
+# Runs the blocks of one page. Each block is compiled with the Markdown file as its file name
+# and with its own line numbers there, so tracebacks point into the page, and
+# inspect.getsource (which AutoGraph uses for tf.function) finds the code in it.
+RUNNER = r"""
+import json, os, sys, traceback
+blocks = json.load(open(sys.argv[1]))
+namespace = {"__name__": "__main__"}
+for block in blocks:
+    code = "\n" * (block["line"] - 1) + block["code"]
+    try:
+        exec(compile(code, block["page"], "exec"), namespace)
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(1)
+sys.stdout.flush(); sys.stderr.flush()
+os._exit(0)  # skip interpreter teardown: gRPC servers started by a page may not stop cleanly
+"""
+
+
+def code_blocks(path: Path):
+    """(line of the first code line, info string, code) of every fenced block of a page."""
+    text = path.read_text()
+    for match in FENCE.finditer(text):
+        indent = match.group("indent")
+        lines = match.group("body").splitlines()
+        code = "\n".join(line[len(indent):] if line.startswith(indent) else line.lstrip()
+                         for line in lines)
+        line = text.count("\n", 0, match.start("body")) + 1
+        yield line, match.group("info").strip(), code + "\n"
+
+
+def python_blocks():
+    """{page: [blocks to run]} and the list of blocks marked as not run."""
+    pages, not_run = {}, []
+    for path in sorted(DOCS.rglob("*.md")):
+        page = str(path.relative_to(ROOT))
+        for line, info, code in code_blocks(path):
+            language = info.split()[0] if info else ""
+            if language not in ("python", "py"):
+                continue
+            title = re.search(r'title="([^"]*)"', info)
+            if title and NOT_RUN in title.group(1):
+                not_run.append(f"{page}:{line}")
+                continue
+            pages.setdefault(page, []).append({"page": str(path), "line": line, "code": code})
+    return pages, not_run
+
+
+PAGES, NOT_RUN_BLOCKS = python_blocks()
+
+
+def clean_env() -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TFDIST_") and k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS",
+                                                       "CUDA_VISIBLE_DEVICES", "PYTEST_ADDOPTS")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_page(page: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="tfdist-docs-") as cwd:
+        blocks_file = os.path.join(cwd, "blocks.json")
+        with open(blocks_file, "w") as f:
+            json.dump(PAGES[page], f)
+        started = time.monotonic()
+        try:
+            proc = subprocess.run([sys.executable, "-c", RUNNER, blocks_file], cwd=cwd,
+                                  env=clean_env(), capture_output=True, text=True,
+                                  timeout=PAGE_TIMEOUT, stdin=subprocess.DEVNULL)
+            code, output = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as err:
+            code = None
+            output = f"timed out after {PAGE_TIMEOUT} s\n{err.stdout or ''}{err.stderr or ''}"
+        return {"returncode": code, "output": output, "seconds": time.monotonic() - started}
+
+
+@pytest.fixture(scope="module")
+def page_runs():
+    """Every page's blocks, pages in parallel (one per core), each in a fresh process."""
+    workers = max(1, min(len(PAGES), os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        return dict(zip(PAGES, pool.map(run_page, PAGES)))
+
+
+def test_examples_are_found_and_few_are_left_out():
+    runnable = sum(len(blocks) for blocks in PAGES.values())
+    assert runnable >= 20, f"only {runnable} runnable python blocks found under docs/"
+    assert len(NOT_RUN_BLOCKS) <= MAX_NOT_RUN, (
+        f"{len(NOT_RUN_BLOCKS)} python blocks are marked '{NOT_RUN}' (at most {MAX_NOT_RUN}): "
+        f"{NOT_RUN_BLOCKS}")
+
+
+def test_every_tfdist_variable_is_documented():
+    names = set()
+    for path in (ROOT / "tfdist").glob("*.py"):
+        names |= set(re.findall(r"TFDIST_[A-Z][A-Z_]*[A-Z]", path.read_text()))
+    documented = (DOCS / "environment-variables.md").read_text()
+    assert names and not sorted(n for n in names if f"`{n}`" not in documented)
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_python_blocks_of_the_page_run(page, page_runs):
+    run = page_runs[page]
+    assert run["returncode"] == 0, f"{page} (exit code {run['returncode']}):\n" + \
+        run["output"][-6000:]
+
+
+def test_the_site_builds_without_warnings(tmp_path):
+    missing = [name for name in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers")
+               if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(f"the docs tools are not installed ({', '.join(missing)}): "
+                    "pip install -e '.[docs]'")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--clean",
+                           "--config-file", str(ROOT / "mkdocs.yml"),
+                           "--site-dir", str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))  # mkdocs-material's banner
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "site" / "index.html").exists()
+    assert (tmp_path / "site" / "reference" / "training" / "index.html").exists()
