@@ -248,8 +248,8 @@ def set_precision(policy: str = "auto", *, devices: Optional[Sequence[str]] = No
         ValueError: `policy` is not one of the names above.
 
     Warns:
-        UserWarning (chief only, once): a mixed policy these devices would run slowly, such as
-        mixed_float16 on a host without GPUs.
+        UserWarning: (chief only, once) a mixed policy these devices would run slowly, such
+            as mixed_float16 on a host without GPUs.
     """
     return _set_precision(policy, devices, stacklevel=3)
 
