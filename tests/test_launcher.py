@@ -73,6 +73,8 @@ def test_output_is_prefixed_whole_lines_and_logged(tmp_path):
     codes = launch(script, workers=2, out=out, log_dir=str(tmp_path / "logs"))
     assert codes == {"worker:0": 0, "worker:1": 0}
     lines = out.getvalue().splitlines()
+    assert [line.split()[:4] for line in lines[-2:]] == [
+        ["[tfdist]", "worker:0", "exit", "0"], ["[tfdist]", "worker:1", "exit", "0"]]
     for task in ("worker:0", "worker:1"):
         mine = [line for line in lines if line.startswith(f"[{task}] ")]
         assert mine[:50] == [f"[{task}] part-{task}-{i}" for i in range(50)]
@@ -204,5 +206,6 @@ def test_parameter_server_job_servers_stop_when_the_chief_is_done(tmp_path):
     codes = launch(script, workers=1, ps=1, out=out, timeout=120)
     assert codes == {"chief:0": 0, "worker:0": 0, "ps:0": 0}
     text = out.getvalue()
+    assert "[tfdist] ps:0       served until the job ended" in text
     assert "[chief:0] chief runs the script as {'type': 'chief', 'index': 0}" in text
     assert "[worker:0] chief runs" not in text and "[ps:0] chief runs" not in text

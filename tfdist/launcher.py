@@ -251,6 +251,21 @@ def _stop(tasks: List[_Task], grace: float) -> None:
             task.ended = time.monotonic()
 
 
+def summary(result: JobResult) -> str:
+    """One line per task: exit code (or how it was stopped) and wall time."""
+    lines = []
+    for name, task in result.tasks.items():
+        code = result.returncodes[name]
+        if task.stopped and result.ok:
+            how = "served until the job ended"
+        elif task.stopped:
+            how = f"stopped ({code})"
+        else:
+            how = f"exit {code}"
+        lines.append(f"[tfdist] {name:10} {how:28} {task.seconds:8.1f} s\n")
+    return "".join(lines)
+
+
 def _failure_message(result: JobResult, timeout) -> str:
     reason, results = result.reason, result.tasks
     if reason == "timeout":
@@ -294,6 +309,9 @@ def launch(target: str, args: Sequence[str] = (), *, workers: int = 1, ps: int =
         plans = plan_job(target, args, workers=workers, ps=ps, chief=chief, evaluator=evaluator,
                          module=module, extra_env=extra_env)
         result = run_job(plans, timeout=timeout, out=out, log_dir=log_dir, quiet=quiet)
+        if not quiet:
+            out.write(summary(result))
+            out.flush()
         if result.ok:
             return result.returncodes
         message = _failure_message(result, timeout)
