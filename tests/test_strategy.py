@@ -71,8 +71,10 @@ def test_multi_worker_communication_options(communication, devices, implementati
     assert options.timeout_seconds == 42
 
 
-def test_multi_worker_collectives_get_a_finite_default_timeout(monkeypatch):
-    assert collective_options("auto", CPU1).timeout_seconds == 600
+def test_multi_worker_collective_timeout_is_opt_in(monkeypatch):
+    # a per-collective timeout costs a sleeping thread per collective (bench_keras); dead
+    # peers are caught by the coordination service's heartbeats instead
+    assert collective_options("auto", CPU1).timeout_seconds is None
     monkeypatch.setenv("TFDIST_COLLECTIVE_TIMEOUT", "17")
     assert collective_options("auto", CPU1).timeout_seconds == 17
     assert collective_options("auto", CPU1, timeout_seconds=0).timeout_seconds is None

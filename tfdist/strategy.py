@@ -56,10 +56,15 @@ _OPTIONS = {
                          "max_shards"),
 }
 
-# A peer that never joins or a collective that never completes becomes an error after this
-# many seconds instead of a hang. Explicit argument > TFDIST_* variable > this default.
+# A peer that never joins becomes an error after this many seconds instead of a hang.
+# Explicit argument > TFDIST_* variable > this default.
 DEFAULT_STARTUP_TIMEOUT = 300
-DEFAULT_COLLECTIVE_TIMEOUT = 600
+# No per-collective timeout by default: TensorFlow implements one with a new OS thread that
+# sleeps for the whole timeout, twice per collective, which cost multi-worker Keras training
+# 30-45% of its throughput (benchmarks/bench_keras.py) and thousands of threads per process.
+# A peer that dies is caught anyway: the coordination service (configured by tfdist) stops
+# receiving its heartbeats and aborts the collectives with an error naming the task.
+DEFAULT_COLLECTIVE_TIMEOUT = 0
 
 
 # ------------------------------------------------------------------------------- devices
@@ -308,8 +313,9 @@ def make_strategy(name: str = "auto", *, cluster: Optional[ClusterSpec] = None,
         **options: TensorFlow's own options, validated and passed through:
             mirrored: `cross_device_ops`.
             multi_worker_mirrored: `communication_options`, or `bytes_per_pack` and
-                `timeout_seconds` (collective timeout; default TFDIST_COLLECTIVE_TIMEOUT or
-                600 s; 0 disables), and `startup_timeout` (seconds to wait for every worker
+                `timeout_seconds` (per-collective timeout; default TFDIST_COLLECTIVE_TIMEOUT or
+                none: dead peers are detected by heartbeats), and `startup_timeout` (seconds
+                to wait for every worker
                 to join; default TFDIST_STARTUP_TIMEOUT or 300 s).
             parameter_server: `variable_partitioner` (a TensorFlow partitioner, or "min_size" /
                 "max_size" / "fixed"), with `min_shard_bytes` (min_size), `max_shard_bytes`
