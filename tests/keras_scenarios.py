@@ -242,6 +242,27 @@ def optimizer_made_outside_the_scope(strategy):
     return {"trained": True}
 
 
+def loss_scale_disagreement(strategy):
+    """mixed_float16: replicas 1..3 overflow in the first step, replica 0 does not."""
+    k, tf_ = keras(), tf()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 0.5, 3.0], "float32"))[:, None]
+    y[4:16] *= 1e7
+    previous = k.mixed_precision.global_policy()
+    k.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        k.utils.set_random_seed(0)
+        with strategy.scope():
+            model = k.Sequential([k.Input((4,)), k.layers.Dense(16, activation="relu"),
+                                  k.layers.Dense(1, dtype="float32")])
+            model.compile(k.optimizers.SGD(0.01), "mse")
+        model.fit(tf_.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=1, verbose=0)
+    finally:
+        k.mixed_precision.set_global_policy(previous)
+    return {"finite": bool(all(np.isfinite(np.asarray(w)).all() for w in model.get_weights()))}
+
+
 def run_all(strategy, names):
     """Runs scenarios by name; returns {name: {"ok": result} or {"error": text}}."""
     results = {}
@@ -256,10 +277,12 @@ def run_all(strategy, names):
 
 MIRRORED = ["validation_split_uneven", "uneven_batches", "matches_one_device", "string_inputs",
             "steps_per_execution", "gradient_accumulation", "dropout_masks", "embedding_and_jit",
-            "fit_evaluate_predict", "optimizer_made_outside_the_scope"]
+            "fit_evaluate_predict", "optimizer_made_outside_the_scope",
+            "loss_scale_disagreement"]
 MULTI_WORKER = ["fit_evaluate_predict", "matches_one_device", "gradient_accumulation",
                 "steps_per_execution", "dropout_masks"]
-NOT_IN_TF_KERAS = {"gradient_accumulation", "optimizer_made_outside_the_scope"}
+NOT_IN_TF_KERAS = {"gradient_accumulation", "optimizer_made_outside_the_scope",
+                   "loss_scale_disagreement"}
 
 
 def in_subprocess_mirrored(names, cpus=4):

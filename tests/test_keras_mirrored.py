@@ -125,3 +125,8 @@ def test_optimizer_made_outside_the_scope_is_refused_with_the_fix(strategy, else
         scenarios.optimizer_made_outside_the_scope(strategy)
     fails_with(elsewhere["no_fixes"], "optimizer_made_outside_the_scope",
                "Mixing different tf.distribute.Strategy objects")
+
+
+def test_mixed_float16_skips_a_step_when_any_replica_overflows(strategy, elsewhere):
+    assert scenarios.loss_scale_disagreement(strategy) == {"finite": True}
+    assert ok(elsewhere["no_fixes"], "loss_scale_disagreement") == {"finite": False}

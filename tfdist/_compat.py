@@ -192,6 +192,32 @@ def _fix_optimizer_outside_scope():
     tf_optimizer.TFOptimizer.build = build
 
 
+@keras_fix("loss_scale_skip_agreed_by_all_replicas")
+def _fix_loss_scale_check_finite():
+    # No upstream issue found. Keras 3's LossScaleOptimizer (keras/src/optimizers/
+    # loss_scale_optimizer.py, check_finite) decides whether to skip a step from each
+    # replica's own gradients, before they are summed over the replicas. When replica 0's are
+    # finite and another replica's overflow, the replicas disagree and inf/NaN reaches every
+    # weight under mixed_float16 on mirrored / multi_worker_mirrored. The fix makes the skip
+    # a joint decision (one scalar all-reduce). One replica (or none): unchanged.
+    import tensorflow as tf
+    from keras.src.optimizers import loss_scale_optimizer
+
+    original = loss_scale_optimizer.LossScaleOptimizer.check_finite
+
+    def check_finite(self, grads):
+        finite = original(self, grads)
+        context = tf.distribute.get_replica_context()
+        if (context is None or not tf.distribute.has_strategy()
+                or context.num_replicas_in_sync <= 1):
+            return finite
+        overflowed = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                        tf.cast(tf.logical_not(finite), tf.float32))
+        return tf.equal(overflowed, 0.0)
+
+    loss_scale_optimizer.LossScaleOptimizer.check_finite = check_finite
+
+
 @keras_fix("symbolic_build_from_a_local_batch")
 def _fix_symbolic_build():
     # keras-team/keras#20585, tensorflow/tensorflow#72388 (multi_worker_mirrored), and

@@ -155,6 +155,9 @@ def environment_report() -> dict:
                              "task": spec.task, "num_workers": spec.num_workers,
                              "num_ps": spec.num_ps, "is_chief": spec.is_chief}
         report["auto_strategy"] = resolve_strategy_name("auto", spec, devices)
+        from tfdist.precision import auto_precision
+
+        report["precision"] = auto_precision(devices)
     except ClusterConfigError as err:
         report["cluster"] = {"error": str(err)}
         report["auto_strategy"] = None
@@ -181,6 +184,9 @@ def _cmd_env(args) -> int:
             print(f"{'task':16} {cluster['task'] or '-'}"
                   f"{' (chief)' if cluster['is_chief'] else ''}")
         print(f"{'auto strategy':16} {report['auto_strategy']}")
+        if "precision" in report:
+            print(f"{'auto precision':16} {report['precision']['policy']} "
+                  f"({report['precision']['reason']})")
         for key, value in report["environment_variables"].items():
             print(f"{key:16} {value}")
     return 1 if "error" in report["cluster"] else 0
