@@ -165,11 +165,12 @@ class _Task:
                     out.flush()
 
     def signal(self, sig: int) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, sig)  # the task and anything it started
-            except ProcessLookupError:
-                pass
+        # The whole process group, even when the task itself has exited: what it started
+        # (e.g. a server under a wrapper) may still run.
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
 
     def result(self) -> TaskResult:
         self.reader.join(timeout=5)
