@@ -144,6 +144,22 @@ def fixes_in_one_process(out_dir):
         fit_parameter_server(model, strategy, _regression_dataset_fn, steps_per_epoch=STEPS,
                              steps_per_execution=1, verbose=0)
     result["iterations"] = int(model.optimizer.iterations.numpy())
+    result["direct"] = model._tfdist_ps_runner[1]._direct
+
+    # the same through ClusterCoordinator.schedule, the public path (every group reads its
+    # progress slot first), with groups of 4 steps and a shorter last group
+    os.environ["TFDIST_PS_DIRECT_SCHEDULE"] = "0"
+    try:
+        with strategy.scope():
+            public = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            public.compile(optimizer="sgd", loss="mse")
+        for _ in range(3):
+            fit_parameter_server(public, strategy, _regression_dataset_fn, steps_per_epoch=22,
+                                 steps_per_execution=4, verbose=0)
+    finally:
+        del os.environ["TFDIST_PS_DIRECT_SCHEDULE"]
+    result["public_iterations"] = int(public.optimizer.iterations.numpy())
+    result["public_direct"] = public._tfdist_ps_runner[1]._direct
 
     # sharded trainable variables: an Embedding table split over both ps tasks trains
     with strategy.scope():
@@ -242,6 +258,15 @@ def test_optimizer_iterations_count_every_step_of_three_workers(with_fixes, with
     assert with_fixes["iterations"] == 3 * STEPS
     # upstream loses updates whenever two workers step at once (about 1 in 5 steps here)
     assert without_fixes["iterations"] < 3 * STEPS
+
+
+@pytest.mark.slow
+def test_both_ways_of_scheduling_count_every_step(with_fixes):
+    # tfdist's direct path (a retried group alone reads its progress slot) ...
+    assert with_fixes["direct"] is True and with_fixes["iterations"] == 3 * STEPS
+    # ... and ClusterCoordinator.schedule (TFDIST_PS_DIRECT_SCHEDULE=0), groups of 4, 4, ..., 2
+    assert with_fixes["public_direct"] is False
+    assert with_fixes["public_iterations"] == 3 * 22
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ trains, checkpoints and reports a dict; the worker and ps tasks only serve.
     keras3_job   2 workers, 2 ps  Keras 3: three model kinds, callbacks, evaluation, a table
                                   sharded over both ps, checkpoints of both
     resume_job   3 workers, 1 ps  a fresh job restores those checkpoints and trains on
-    single_job   1 worker,  1 ps  Keras 3 with one worker
+    single_job   1 worker,  1 ps  Keras 3 with one worker; BackupAndRestore through tfdist.fit
     tf_keras_job 2 workers, 1 ps  the same calls under tf_keras (TF_USE_LEGACY_KERAS=1)
 """
 
@@ -265,7 +265,7 @@ def resume_job(out_dir, dense, sharded_path):
     return result
 
 
-def single_job():
+def single_job(out_dir):
     import tfdist
     from tfdist import _compat
     from tfdist._coordinator import fit_parameter_server
@@ -276,8 +276,48 @@ def single_job():
         model = sequential(keras)
     history = fit_parameter_server(model, strategy, blobs_dataset_fn, epochs=2,
                                    steps_per_epoch=7, steps_per_execution=3, verbose=0)
-    return {"workers": strategy.extended._num_workers, "iterations": _iterations(model),
-            "loss": history.history["loss"]}
+    result = {"workers": strategy.extended._num_workers, "iterations": _iterations(model),
+              "loss": history.history["loss"]}
+    result["backup"] = _interrupted_and_resumed(keras, strategy, out_dir)
+    return result
+
+
+def _interrupted_and_resumed(keras, strategy, out_dir):
+    """tfdist.fit with BackupAndRestore: stopped after epoch 2 of 4, then run again."""
+    import tfdist
+
+    x, y = _blobs(512)
+    backup = os.path.join(out_dir, "backup")
+    seen = {"first": [], "second": []}
+
+    class Record(keras.callbacks.Callback):
+        def __init__(self, run):
+            super().__init__()
+            self.run = run
+
+        def on_train_begin(self, logs=None):  # after BackupAndRestore's: the restored state
+            seen[self.run + "_start"] = (_iterations(self.model), _values(self.model.weights))
+
+        def on_epoch_begin(self, epoch, logs=None):
+            seen[self.run].append(epoch)
+
+        def on_epoch_end(self, epoch, logs=None):
+            seen[self.run + "_end"] = (_iterations(self.model), _values(self.model.weights))
+            if self.run == "first" and epoch == 1:
+                raise KeyboardInterrupt("the job is interrupted")
+
+    def fit(run):
+        return tfdist.fit(lambda: sequential(keras), (x, y), strategy=strategy,
+                          global_batch_size=32, epochs=4, steps_per_epoch=5, verbose=0,
+                          callbacks=[keras.callbacks.BackupAndRestore(backup), Record(run)])
+
+    try:
+        fit("first")
+    except KeyboardInterrupt:
+        pass
+    history = fit("second")
+    return dict(seen, history_epochs=history.epoch, backup_left=os.path.exists(backup),
+                iterations=_iterations(history.model))
 
 
 def tf_keras_job():
@@ -425,13 +465,29 @@ def test_a_sharded_checkpoint_restores_into_one_ps_and_into_a_local_model(keras3
     _assert_all_equal(keras3["sharded"]["weights"], [w.numpy() for w in model.weights])
 
 
-def test_one_worker_counts_every_step():
-    runs = run_cluster(single_job, workers=1, ps=1, timeout=240)
-    result = runs["chief:0"].value
-    assert result["workers"] == 1
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    runs = run_cluster(single_job, workers=1, ps=1, timeout=240,
+                       args=(str(tmp_path_factory.mktemp("single")),))
+    return runs["chief:0"].value
+
+
+def test_one_worker_counts_every_step(single):
+    assert single["workers"] == 1
     # 2 epochs x 7 steps in groups of 3, 3, 1
-    assert result["iterations"] == 14
-    assert result["loss"][-1] < result["loss"][0]
+    assert single["iterations"] == 14
+    assert single["loss"][-1] < single["loss"][0]
+
+
+def test_backup_and_restore_resumes_an_interrupted_fit_at_the_next_epoch(single):
+    backup = single["backup"]
+    assert backup["first"] == [0, 1]
+    # the second run starts from the state saved at the end of epoch 2, and trains 3 and 4
+    assert backup["second"] == [2, 3] and backup["history_epochs"] == [2, 3]
+    assert backup["second_start"][0] == backup["first_end"][0] == 2 * 5
+    _assert_all_equal(backup["first_end"][1], backup["second_start"][1])
+    assert backup["iterations"] == 4 * 5
+    assert not backup["backup_left"]  # deleted at the end of a completed fit
 
 
 def test_the_same_calls_train_a_tf_keras_model():

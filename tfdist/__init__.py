@@ -31,6 +31,7 @@ _LAZY = {
     "precision_scope": "tfdist.precision",
     "fit": "tfdist.training",
     "evaluate": "tfdist.training",
+    "TaskUnavailableError": "tfdist.training",
     "distribute_dataset": "tfdist.data",
     "scale_learning_rate": "tfdist.data",
     "launch": "tfdist.launcher",

@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from tfdist import data as data_lib
+from tfdist._coordinator import TaskUnavailableError
 from tfdist.environments import detect_cluster
 
-__all__ = ["evaluate", "fit"]
+__all__ = ["TaskUnavailableError", "evaluate", "fit"]
 
 
 def _is_parameter_server(strategy) -> bool:
@@ -69,6 +70,11 @@ def fit(build_model: Callable, data: Any, *, strategy=None, epochs: int = 1,
 
     Returns:
         keras.callbacks.History; `history.model` is the trained model.
+
+    Raises:
+        TaskUnavailableError: on parameter_server, a ps task was lost (it holds variables,
+            so training cannot go on); restart the job and restore the last checkpoint. A
+            lost worker is not an error: its unfinished steps run on the other workers.
 
     Example (the same script in every process of a job; TF_CONFIG differs):
 
