@@ -1,4 +1,4 @@
-"""Keras training throughput under mirrored and multi_worker_mirrored (issue 4, "Performance").
+"""Keras training throughput under mirrored and multi_worker_mirrored.
 
 The same model, data and global batch, in examples/s, for three implementations:
 
@@ -16,10 +16,7 @@ The two alternatives are what a user writes without tfdist: their strategy is bu
 with `tf.distribute.*` (tfdist's Keras fixes are then never applied; tf_keras does not need
 them and a custom loop does not hit them), with the communication that tfdist also picks on
 CPUs: `MirroredStrategy(cross_device_ops=ReductionToOneDevice())`, and
-`MultiWorkerMirroredStrategy` with RING. The strategies then differ only where tfdist chooses
-differently: under multi_worker_mirrored tfdist sets a finite collective timeout (600 s by
-default). A fourth, diagnostic implementation there, tfdist with TFDIST_COLLECTIVE_TIMEOUT=0,
-shows what that choice costs; its rows have no target.
+`MultiWorkerMirroredStrategy` with RING.
 
 Like for like: same model and initial weights (same seed), Adam(1e-3), sparse categorical
 cross-entropy, global batch 256, the same tf.data pipeline (cached batches, repeated), and both
@@ -44,8 +41,7 @@ Diagnostics (not run by run.py): `python benchmarks/bench_keras.py --diagnose mi
 multi_worker_mirrored) runs variants of the training step interleaved in one process (or one
 2-worker job), all on tfdist's strategy, to tell where fit's time goes: the fit loop and
 callbacks, Keras' train function alone, Keras' train_step in a hand-written loop, and the custom
-loop with and without a per-step loss all-reduce, at steps_per_execution 1 and K. Prefix
-TFDIST_COLLECTIVE_TIMEOUT=0 to take tfdist's collective timeout out of the picture.
+loop with and without a per-step loss all-reduce, at steps_per_execution 1 and K.
 """
 
 from __future__ import annotations
@@ -59,18 +55,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 IMPLEMENTATIONS = ("tfdist", "custom_loop", "tf_keras")
-# Under multi_worker_mirrored also tfdist with its collective timeout off
-# (TFDIST_COLLECTIVE_TIMEOUT=0): a diagnostic of what that default costs, without a target.
-EXTRA = {"multi_worker_mirrored": ("tfdist_timeout_off",)}
 ENV = {"tfdist": {"TF_USE_LEGACY_KERAS": "0"}, "custom_loop": {"TF_USE_LEGACY_KERAS": "0"},
-       "tf_keras": {"TF_USE_LEGACY_KERAS": "1"},
-       "tfdist_timeout_off": {"TF_USE_LEGACY_KERAS": "0", "TFDIST_COLLECTIVE_TIMEOUT": "0"}}
+       "tf_keras": {"TF_USE_LEGACY_KERAS": "1"}}
 STRATEGIES = ("mirrored", "multi_worker_mirrored")
 LABELS = {"mirrored": "keras mirrored 2 vCPU",
           "multi_worker_mirrored": "keras multi-worker 2 proc"}
 ALTERNATIVES = {"custom_loop": "custom loop", "tf_keras": "tf_keras fit"}
-VARIANT_LABELS = {"tfdist_timeout_off": ", TFDIST_COLLECTIVE_TIMEOUT=0"}
-# Issue 4's targets for tfdist / alternative (examples/s).
+# Targets for tfdist / alternative (examples/s).
 TARGETS = {("mirrored", "custom_loop"): 0.95, ("multi_worker_mirrored", "custom_loop"): 0.95,
            ("mirrored", "tf_keras"): 1.0, ("multi_worker_mirrored", "tf_keras"): 1.1}
 
@@ -305,7 +296,7 @@ def _workers(strategy_name):
 
 
 def _implementations(strategy_name):
-    return IMPLEMENTATIONS + EXTRA.get(strategy_name, ())
+    return IMPLEMENTATIONS
 
 
 def _launch(impl, strategy_name, cfg, turn_dir):
@@ -430,12 +421,10 @@ def run(quick: bool = False, **overrides) -> list:
                 failures[strategy_name, impl] = error
     rows = []
     comparisons = [(s, "tfdist", alt) for s in STRATEGIES for alt in ("custom_loop", "tf_keras")]
-    comparisons += [(s, extra, alt) for s in STRATEGIES for extra in EXTRA.get(s, ())
-                    for alt in ("custom_loop", "tf_keras")]
     for metric, samples, unit, suffix in (("wall", wall, "examples/s", ""),
                                           ("cpu", cpu, "examples/CPU-s", " (CPU)")):
         for strategy_name, ours_name, alt in comparisons:
-            scenario = LABELS[strategy_name] + VARIANT_LABELS.get(ours_name, "") + suffix
+            scenario = LABELS[strategy_name] + suffix
             ours, theirs = _paired(samples[strategy_name, ours_name],
                                    rounds[strategy_name, ours_name],
                                    samples[strategy_name, alt], rounds[strategy_name, alt])

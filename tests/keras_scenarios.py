@@ -131,7 +131,10 @@ def steps_per_execution(strategy):
                         "evaluate": model.evaluate(x, y, batch_size=10, verbose=0)}
     return {"iterations": results[3]["iterations"], "loss": results[3]["loss"],
             "max_weight_difference": max_difference(results[1]["weights"],
-                                                    results[3]["weights"])}
+                                                    results[3]["weights"]),
+            "max_log_difference": max_difference(
+                [results[1]["loss"], results[1]["evaluate"]],
+                [results[3]["loss"], results[3]["evaluate"]])}
 
 
 def gradient_accumulation(strategy):

@@ -406,6 +406,12 @@ def _fix_multi_worker_steps_per_execution():
     # placeholder tensor 'while/body/.../while/cond/Placeholder'". The same loop with the step
     # inlined (no nested tf.function) works, so for multi-worker strategies tfdist builds that
     # loop: up to steps_per_execution steps, stopping early when the data ends, as upstream.
+    # Upstream also averages every step's logs over all workers (one cross-worker all-reduce
+    # per log per step) and keeps only the last step's; with one replica per worker, tfdist
+    # carries the worker's own logs through the loop and averages the last ones once: the
+    # same values, with steps_per_execution - 1 fewer collectives per call. (With several
+    # local replicas the logs are PerReplica values; they are averaged every step, as
+    # upstream.)
     import tensorflow as tf
 
     trainer = _tf_trainer()
@@ -419,15 +425,20 @@ def _fix_multi_worker_steps_per_execution():
         steps = self.steps_per_execution
         fallback = original(self, step_function)
 
-        def one_step(data):  # deliberately not a tf.function: see above
-            outputs = strategy.run(step_function, args=(data,))
+        reduce_once = len(strategy.extended.worker_devices) == 1
+
+        def reduce(outputs):
             return trainer.reduce_per_replica(outputs, strategy, reduction="auto")
 
-        one_step = self._autoconvert_optionals(one_step)
+        def local_step(data):  # deliberately not a tf.function: see above
+            outputs = strategy.run(step_function, args=(data,))  # this worker's logs
+            return outputs if reduce_once else reduce(outputs)
+
+        local_step = self._autoconvert_optionals(local_step)
 
         @tf.function(reduce_retracing=True)
         def multi_step(iterator):
-            outputs = one_step(iterator.get_next())  # OutOfRange ends the epoch, as upstream
+            outputs = local_step(iterator.get_next())  # OutOfRange ends the epoch, as upstream
 
             def keep_going(step, outputs, exhausted):
                 return tf.logical_and(step < steps, tf.logical_not(exhausted))
@@ -436,13 +447,13 @@ def _fix_multi_worker_steps_per_execution():
                 optional = iterator.get_next_as_optional()
                 outputs, exhausted = tf.cond(
                     optional.has_value(),
-                    lambda: (one_step(optional.get_value()), tf.constant(False)),
+                    lambda: (local_step(optional.get_value()), tf.constant(False)),
                     lambda: (outputs, tf.constant(True)))
                 return step + 1, outputs, exhausted
 
             _, outputs, _ = tf.while_loop(
                 keep_going, body, [tf.constant(1), outputs, tf.constant(False)])
-            return outputs
+            return reduce(outputs) if reduce_once else outputs
 
         def function(iterator):
             if isinstance(iterator, tf.distribute.DistributedIterator):
