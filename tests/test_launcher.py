@@ -209,3 +209,28 @@ def test_parameter_server_job_servers_stop_when_the_chief_is_done(tmp_path):
     assert "[tfdist] ps:0       served until the job ended" in text
     assert "[chief:0] chief runs the script as {'type': 'chief', 'index': 0}" in text
     assert "[worker:0] chief runs" not in text and "[ps:0] chief runs" not in text
+
+
+def test_the_summary_gives_steps_per_second_for_tasks_that_trained():
+    from tfdist.launcher import JobResult, TaskResult, summary
+
+    result = JobResult("done", {
+        "chief:0": TaskResult("chief:0", 0, [], 30.0, steps=400, train_seconds=20.0),
+        "worker:0": TaskResult("worker:0", -15, [], 31.0, stopped=True),
+        "worker:1": TaskResult("worker:1", 0, [], 2.0, steps=0, train_seconds=1.0)})
+    lines = summary(result).splitlines()
+    assert lines[0] == "[tfdist] chief:0    exit 0                           30.0 s  400 steps, " \
+                       "20.0 steps/s"
+    assert lines[1] == "[tfdist] worker:0   served until the job ended       31.0 s"
+    assert lines[2] == "[tfdist] worker:1   exit 0                            2.0 s"  # no steps
+
+
+def test_a_report_is_read_only_when_a_fit_ended(tmp_path):
+    from tfdist import _report
+
+    path = tmp_path / "task.json"
+    assert _report.read(str(path)) is None  # never written (a server, a script without fit)
+    path.write_text('{"steps": 12, "seconds": 3.0, "fits": 1}')
+    assert _report.read(str(path)) == {"steps": 12, "seconds": 3.0, "fits": 1}
+    path.write_text('{"steps": 12, "seco')  # cut short
+    assert _report.read(str(path)) is None

@@ -2,6 +2,7 @@
 
 import io
 import os
+import re
 import textwrap
 
 import numpy as np
@@ -56,8 +57,15 @@ def test_restart_resumes_from_backup_after_a_worker_is_killed(tmp_path):
     assert (interrupted / "killed-once").exists()
     epochs = [line.split()[0] for line in (interrupted / "epochs.log").read_text().splitlines()]
     assert epochs == ["0", "1", "2"]  # every epoch finished exactly once, across the restart
-    launch(script, [str(uninterrupted)], workers=2, timeout=300, out=io.StringIO(),
-           extra_env=env, check=True)
+    # the summary of the restarted attempt: it trained epochs 2 and 3 only (2 x 12 steps)
+    restarted = text[text.rfind("Restarting the job"):]
+    for task in ("worker:0", "worker:1"):
+        assert re.search(rf"\[tfdist\] {task} +exit 0 +[0-9.]+ s  24 steps, [0-9.]+ steps/s",
+                         restarted), restarted
+    out = io.StringIO()
+    launch(script, [str(uninterrupted)], workers=2, timeout=300, out=out, extra_env=env,
+           check=True)
+    assert len(re.findall(r"exit 0 +[0-9.]+ s  36 steps, [0-9.]+ steps/s", out.getvalue())) == 2
     resumed = np.load(interrupted / "final.npz")
     reference = np.load(uninterrupted / "final.npz")
     for key in reference.files:

@@ -73,6 +73,10 @@ def test_the_same_script_serves_in_worker_and_ps_tasks_and_trains_in_the_chief(t
     assert run["strategy"] == "ParameterServerStrategyV2"
     assert run["workers"] == 2
     assert run["iterations"] == 2 * run["steps_per_epoch"]  # exact, over both workers
+    # what the launcher's summary reports: the chief's training steps; the servers trained none
+    assert result.tasks["chief:0"].steps == run["iterations"]
+    assert result.tasks["chief:0"].steps_per_second > 0
+    assert all(result.tasks[task].steps is None for task in ("worker:0", "worker:1", "ps:0"))
     assert all(d.startswith("/job:ps/") for d in run["variable_devices"])
     assert run["history"]["loss"][-1] < run["history"]["loss"][0]
     assert run["evaluate"]["acc"] > 0.8

@@ -20,13 +20,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
 from typing import Dict, List, Mapping, Optional, Sequence, TextIO
 
+from tfdist import _report
 from tfdist.cluster import ClusterSpec
 
 __all__ = ["JobFailed", "JobResult", "TaskPlan", "TaskResult", "launch", "plan_job", "run_job"]
@@ -71,6 +74,14 @@ class TaskResult:
     output: List[str]
     seconds: float
     stopped: bool = False  # stopped by the launcher (a peer failed, timeout, job ended)
+    steps: Optional[int] = None  # training steps of every fit in the task (optimizer steps)
+    train_seconds: Optional[float] = None  # wall time of those fits
+
+    @property
+    def steps_per_second(self) -> Optional[float]:
+        if not self.steps or not self.train_seconds:
+            return None
+        return self.steps / self.train_seconds
 
     @property
     def tail(self) -> str:
@@ -135,7 +146,7 @@ def plan_job(target: str, args: Sequence[str] = (), *, workers: int = 1, ps: int
 
 class _Task:
     def __init__(self, plan: TaskPlan, out: TextIO, lock: threading.Lock,
-                 log_dir: Optional[str], quiet: bool):
+                 log_dir: Optional[str], quiet: bool, report_dir: str):
         self.plan = plan
         self.output: List[str] = []
         self.started = time.monotonic()
@@ -143,6 +154,9 @@ class _Task:
         self.stopped = False
         env = dict(os.environ)
         env.update(plan.env)
+        # Where the task reports the steps it trained (tfdist._report), for the summary.
+        self.report = env.setdefault(
+            _report.ENV, os.path.join(report_dir, plan.task.replace(":", "-") + ".json"))
         self.log = open(os.path.join(log_dir, plan.task.replace(":", "-") + ".log"), "a") \
             if log_dir else None
         self.proc = subprocess.Popen(
@@ -178,8 +192,10 @@ class _Task:
             self.log.close()
             self.log = None
         end = self.ended if self.ended is not None else time.monotonic()
+        report = _report.read(self.report) or {}
         return TaskResult(self.plan.task, self.proc.returncode, self.output,
-                          end - self.started, self.stopped)
+                          end - self.started, self.stopped, report.get("steps"),
+                          report.get("seconds"))
 
 
 def run_job(plans: Sequence[TaskPlan], *, timeout: Optional[float] = None,
@@ -199,6 +215,7 @@ def run_job(plans: Sequence[TaskPlan], *, timeout: Optional[float] = None,
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
     tasks: List[_Task] = []
+    report_dir = tempfile.mkdtemp(prefix="tfdist-reports-")
     deadline = None if timeout is None else time.monotonic() + timeout
     interrupted: List[int] = []
     previous = {}
@@ -211,7 +228,7 @@ def run_job(plans: Sequence[TaskPlan], *, timeout: Optional[float] = None,
             previous[sig] = signal.signal(sig, on_signal)
     try:
         for plan in plans:
-            tasks.append(_Task(plan, out, lock, log_dir, quiet))
+            tasks.append(_Task(plan, out, lock, log_dir, quiet, report_dir))
         reason = None
         while reason is None:
             time.sleep(0.05)
@@ -234,7 +251,10 @@ def run_job(plans: Sequence[TaskPlan], *, timeout: Optional[float] = None,
             task.proc.wait()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return JobResult(reason, {t.plan.task: t.result() for t in tasks})
+    try:
+        return JobResult(reason, {t.plan.task: t.result() for t in tasks})
+    finally:
+        shutil.rmtree(report_dir, ignore_errors=True)
 
 
 def _stop(tasks: List[_Task], grace: float) -> None:
@@ -253,7 +273,8 @@ def _stop(tasks: List[_Task], grace: float) -> None:
 
 
 def summary(result: JobResult) -> str:
-    """One line per task: exit code (or how it was stopped) and wall time."""
+    """One line per task: exit code (or how it was stopped), wall time, and for a task that
+    trained, its training steps and steps per second of training time."""
     lines = []
     for name, task in result.tasks.items():
         code = result.returncodes[name]
@@ -263,7 +284,11 @@ def summary(result: JobResult) -> str:
             how = f"stopped ({code})"
         else:
             how = f"exit {code}"
-        lines.append(f"[tfdist] {name:10} {how:28} {task.seconds:8.1f} s\n")
+        line = f"[tfdist] {name:10} {how:28} {task.seconds:8.1f} s"
+        rate = task.steps_per_second
+        if rate is not None:
+            line += f"  {task.steps} steps, {rate:.1f} steps/s"
+        lines.append(line + "\n")
     return "".join(lines)
 
 

@@ -370,8 +370,12 @@ def make_strategy(name: str = "auto", *, cluster: Optional[ClusterSpec] = None,
         from tfdist import _compat
 
         _compat.apply_keras_fixes()  # the plain Keras idiom works on what tfdist makes
-    return _BUILDERS[key](cluster=cluster, devices=devices, found=found,
-                          communication=communication, **options)
+    strategy = _BUILDERS[key](cluster=cluster, devices=devices, found=found,
+                              communication=communication, **options)
+    from tfdist import _report
+
+    _report.install()  # under `tfdist launch`: the steps/s of the summary line
+    return strategy
 
 
 def _check_devices(devices) -> list:
