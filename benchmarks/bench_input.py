@@ -104,7 +104,8 @@ def compare(cases: dict, repeats: int) -> dict:
             runs[name]["wall"].append(count / wall)
             runs[name]["cpu"].append(count / cpu)
     return {name: {"median": statistics.median(r["wall"]), "runs": r["wall"],
-                   "per_cpu_second": statistics.median(r["cpu"])} for name, r in runs.items()}
+                   "per_cpu_second": statistics.median(r["cpu"]), "cpu_runs": r["cpu"]}
+            for name, r in runs.items()}
 
 
 def bench_input(args) -> dict:
@@ -168,7 +169,8 @@ for attempt in range(repeats + 1):
             results[policy]["cpu"].append(steps * batch / cpu)
         results[policy]["loss"] = history.history["loss"][-1]
 out = {policy: {"median": statistics.median(r["wall"]), "runs": r["wall"],
-                "per_cpu_second": statistics.median(r["cpu"]), "final_loss": r["loss"],
+                "per_cpu_second": statistics.median(r["cpu"]), "cpu_runs": r["cpu"],
+                "final_loss": r["loss"],
                 "compute_dtype": models[policy].layers[0].compute_dtype}
        for policy, r in results.items()}
 print("RESULT " + json.dumps(out))
@@ -183,6 +185,43 @@ def bench_training(args) -> dict:
     if proc.returncode or not lines:
         raise RuntimeError(f"training benchmark failed:\n{proc.stderr[-3000:]}")
     return json.loads(lines[-1][len("RESULT "):])
+
+
+# The suite's rows (benchmarks/run.py): (scenario, tfdist case, alternative case, its name).
+ROWS = (("input pipeline, TFRecord files", "tfrecord tfdist", "tfrecord naive",
+         "naive tf.data"),
+        ("input pipeline, TFRecord files, vectorized parse", "tfrecord tfdist vectorized",
+         "tfrecord naive", "naive tf.data"),
+        ("input pipeline, in-memory arrays", "arrays tfdist", "arrays naive", "naive tf.data"))
+DEFAULT = dict(repeats=5, examples=65536, files=8, train_steps=20)
+QUICK = dict(repeats=3, examples=16384, files=4, train_steps=8)
+
+
+def run(quick: bool = False) -> list:
+    """For benchmarks/run.py: this benchmark in a child process, as rows of the suite."""
+    import common
+
+    cfg = QUICK if quick else DEFAULT
+    argv = [sys.executable, os.path.abspath(__file__), "--json",
+            "--repeats", str(cfg["repeats"]), "--examples", str(cfg["examples"]),
+            "--files", str(cfg["files"]), "--train-steps", str(cfg["train_steps"])]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
+    if proc.returncode:
+        raise RuntimeError(f"bench_input failed:\n{proc.stderr[-3000:]}")
+    report = json.loads(proc.stdout)
+    rows = []
+    for suffix, key, unit in (("", "runs", "examples/s"), (" (CPU)", "cpu_runs",
+                                                            "examples/CPU-s")):
+        inp, train = report["input"], report["training"]
+        for scenario, ours, theirs, name in ROWS:
+            rows.append(common.row(scenario + suffix, inp[ours][key], inp[theirs][key], name,
+                                   unit, config=cfg))
+        rows.append(common.row(
+            "training, mixed_bfloat16 (one device)" + suffix, train["mixed_bfloat16"][key],
+            train["float32"][key], "float32", unit, config=cfg,
+            notes="" if suffix else "auto picks mixed_bfloat16 only on CPUs with native "
+                                     "bf16 (AMX / AVX512_BF16)"))
+    return rows
 
 
 def main(argv=None) -> int:
