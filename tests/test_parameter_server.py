@@ -214,6 +214,21 @@ def fixes_in_one_process(out_dir):
                                    table.numpy()))
 
     result["weights_file"] = _attempt(weights_file)
+
+    # the plain Keras idiom: model.fit / evaluate / predict of a model built in the scope
+    def plain():
+        x, y = _regression_dataset_fn(None).unbatch().batch(256).get_single_element()
+        x, y = x.numpy(), y.numpy()
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+        model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+        return {"iterations": int(model.optimizer.iterations.numpy()),
+                "evaluate": model.evaluate(x, y, batch_size=16, verbose=0),
+                "predict_vs_call": float(np.max(np.abs(model.predict(x, verbose=0)
+                                                       - model(x).numpy())))}
+
+    result["plain"] = _attempt(plain)
     return result
 
 
@@ -236,7 +251,7 @@ def without_fixes(tmp_path_factory):
 def test_the_parameter_server_fixes_are_registered_and_applied(with_fixes, without_fixes):
     names = {"parameter_server_atomic_assign_add",
              "parameter_server_sharded_trainable_variables",
-             "parameter_server_sharded_checkpoint"}
+             "parameter_server_sharded_checkpoint", "parameter_server_fit_evaluate_predict"}
     assert names <= set(with_fixes["fixes"])
     assert not names & set(without_fixes["fixes"])
 
@@ -267,6 +282,17 @@ def test_both_ways_of_scheduling_count_every_step(with_fixes):
     # ... and ClusterCoordinator.schedule (TFDIST_PS_DIRECT_SCHEDULE=0), groups of 4, 4, ..., 2
     assert with_fixes["public_direct"] is False
     assert with_fixes["public_iterations"] == 3 * 22
+
+
+@pytest.mark.slow
+def test_plain_fit_evaluate_predict_on_parameter_server(with_fixes, without_fixes):
+    # upstream: Keras 3's fit has no parameter-server support (keras-team/keras#18624)
+    assert ("you need to pass this dataset to ClusterCoordinator.create_per_worker_dataset"
+            in without_fixes["plain"]["error"])
+    plain = with_fixes["plain"]["ok"]
+    assert plain["iterations"] == 2 * 256 // 16  # one pass over the arrays per epoch
+    assert isinstance(plain["evaluate"], float)  # the loss alone: a scalar, as in Keras
+    assert plain["predict_vs_call"] < 1e-6
 
 
 @pytest.mark.slow

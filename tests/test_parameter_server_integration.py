@@ -138,6 +138,30 @@ def _values(variables) -> list:
 # ---------------------------------------------------------------------- chief functions
 
 
+def plain_keras_idiom(keras, strategy, steps_per_epoch=None, validation_steps=None):
+    """model.fit / evaluate / predict as on any other strategy: arrays with validation_split,
+    a batched dataset with validation_data (tf_keras needs the step counts)."""
+    import tensorflow as tf
+
+    x, y = _blobs(512)
+    with strategy.scope():
+        model = sequential(keras)
+    arrays = model.fit(x, y, batch_size=32, epochs=2, validation_split=0.25, verbose=0,
+                       steps_per_epoch=steps_per_epoch, validation_steps=validation_steps)
+    after_arrays = _iterations(model)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+    batched = model.fit(dataset, epochs=1, validation_data=dataset, verbose=0,
+                        steps_per_epoch=steps_per_epoch and 16,
+                        validation_steps=validation_steps)
+    predicted = model.predict(x, batch_size=64, verbose=0)
+    return {"arrays": arrays.history, "iterations_after_arrays": after_arrays,
+            "dataset": batched.history, "iterations": _iterations(model),
+            "evaluate": model.evaluate(x, y, batch_size=64, return_dict=True, verbose=0,
+                                       steps=validation_steps and 8),
+            "predict_shape": list(predicted.shape),
+            "predict_vs_call": float(np.max(np.abs(predicted - model(x).numpy())))}
+
+
 def keras3_job(out_dir):
     import tensorflow as tf
 
@@ -230,6 +254,7 @@ def keras3_job(out_dir):
         "shards": [(v.device.split("/device")[0], v.shape.as_list())
                    for v in table._value.variables],
         "table": table.numpy(), "weights": _values(model.weights)}
+    result["plain"] = plain_keras_idiom(keras, strategy)
     return result
 
 
@@ -336,7 +361,8 @@ def tf_keras_job():
     return {"keras": keras.__name__, "history": history.history, "iterations": _iterations(model),
             "jobs": _jobs(model.weights),
             "evaluate": evaluate_parameter_server(model, strategy, dict_dataset_fn, steps=4,
-                                                  return_dict=True, verbose=0)}
+                                                  return_dict=True, verbose=0),
+            "plain": plain_keras_idiom(keras, strategy, steps_per_epoch=12, validation_steps=4)}
 
 
 # ----------------------------------------------------------------------------- the jobs
@@ -472,6 +498,22 @@ def single(tmp_path_factory):
     return runs["chief:0"].value
 
 
+def _assert_the_plain_idiom_trained(plain, arrays_steps, dataset_steps):
+    assert sorted(plain["arrays"]) == ["acc", "loss", "val_acc", "val_loss"]
+    assert plain["arrays"]["loss"][-1] < plain["arrays"]["loss"][0]
+    assert sorted(plain["dataset"]) == ["acc", "loss", "val_acc", "val_loss"]
+    assert plain["iterations_after_arrays"] == arrays_steps
+    assert plain["iterations"] == arrays_steps + dataset_steps
+    assert plain["evaluate"]["acc"] > 0.7 and set(plain["evaluate"]) == {"acc", "loss"}
+    assert plain["predict_shape"] == [512, CLASSES] and plain["predict_vs_call"] < 1e-5
+
+
+def test_the_plain_keras_idiom_trains_keras3_models_on_parameter_server(keras3):
+    # 384 training examples after validation_split=0.25, batch 32: 12 steps x 2 epochs;
+    # then one pass over a dataset of 16 batches
+    _assert_the_plain_idiom_trained(keras3["plain"], 2 * 12, 16)
+
+
 def test_one_worker_counts_every_step(single):
     assert single["workers"] == 1
     # 2 epochs x 7 steps in groups of 3, 3, 1
@@ -502,3 +544,4 @@ def test_the_same_calls_train_a_tf_keras_model():
     assert history["loss"][-1] < history["loss"][0]
     assert [float(lr) for lr in history["lr"]] == pytest.approx([0.01, 0.02, 0.03])
     assert sorted(result["evaluate"]) == ["acc", "loss"]
+    _assert_the_plain_idiom_trained(result["plain"], 2 * 12, 16)

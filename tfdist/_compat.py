@@ -594,6 +594,67 @@ def _fix_ps_assign_add():
     Variable.assign_add, Variable.assign_sub = assign_add, assign_sub
 
 
+@keras_fix("parameter_server_fit_evaluate_predict")
+def _fix_ps_fit_evaluate_predict():
+    # keras-team/keras#18624: Keras 3's fit / evaluate / predict have no ParameterServerStrategy
+    # support. A model built in a ps strategy's scope fails on its first batch with "To use
+    # this dataset, you need to pass this dataset to
+    # ClusterCoordinator.create_per_worker_dataset" (tf_keras trains it natively). The fix
+    # sends fit and evaluate of such a model to tfdist's ClusterCoordinator loop
+    # (tfdist._coordinator.keras_fit / keras_evaluate, Keras' own arguments), and runs
+    # predict on the coordinator itself, outside the strategy (each batch reads the variables
+    # from the ps tasks), as tf_keras does for predict. Other strategies: unchanged.
+    import functools
+    import inspect
+
+    import tensorflow as tf
+    from tensorflow.python.distribute import distribute_lib
+
+    cls = _tf_trainer().TensorFlowTrainer
+    original = {name: getattr(cls, name) for name in ("fit", "evaluate", "predict")}
+
+    def on_ps(model) -> bool:
+        return isinstance(getattr(model, "_distribute_strategy", None),
+                          tf.distribute.ParameterServerStrategy)
+
+    def routed(name, to):
+        signature = inspect.signature(original[name])
+
+        @functools.wraps(original[name])
+        def method(self, *args, **kwargs):
+            if not on_ps(self):
+                return original[name](self, *args, **kwargs)
+            self._assert_compile_called(name)
+            arguments = signature.bind(self, *args, **kwargs).arguments
+            del arguments["self"]
+            arguments.update(arguments.pop("kwargs", {}))
+            from tfdist import _coordinator
+
+            return getattr(_coordinator, to)(self, **arguments)
+
+        return method
+
+    @functools.wraps(original["predict"])
+    def predict(self, *args, **kwargs):
+        if not on_ps(self):
+            return original["predict"](self, *args, **kwargs)
+        if tf.distribute.has_strategy():
+            raise RuntimeError(
+                "model.predict of a parameter-server model runs on the coordinator, outside "
+                "the strategy, but was called inside `strategy.scope()`. HINT: call it after "
+                "the `with strategy.scope():` block.")
+        strategy, self._distribute_strategy = (self._distribute_strategy,
+                                               distribute_lib._get_default_strategy())
+        try:  # its predict_function, made under the default strategy, is kept for next time
+            return original["predict"](self, *args, **kwargs)
+        finally:
+            self._distribute_strategy = strategy
+
+    cls.fit = routed("fit", "keras_fit")
+    cls.evaluate = routed("evaluate", "keras_evaluate")
+    cls.predict = predict
+
+
 def _shards_of(variable) -> list:
     """One Keras variable per shard of a Keras variable that wraps a ShardedVariable.
 

@@ -329,14 +329,29 @@ class _ArraysFn:
 class _DatasetFn:
     """dataset_fn for a tf.data.Dataset: shards (FILE or DATA), then batches per replica."""
 
-    def __init__(self, dataset, settings: _Settings):
-        self.dataset, self.settings = dataset, settings
+    def __init__(self, dataset, settings: _Settings, rebuild: Optional[Callable] = None):
+        self.dataset, self.settings, self._rebuild = dataset, settings, rebuild
+
+    def for_workers(self) -> "_DatasetFn":
+        """This function for the workers of a parameter-server job (call it on the
+        coordinator). A dataset made there holds tensors of the coordinator's process, which
+        a worker cannot read ("Unable to parse tensor proto"); the copy serializes the
+        dataset's graph now and rebuilds the dataset inside the function each worker traces,
+        as ClusterCoordinator.create_per_worker_dataset does for a dataset."""
+        from tensorflow.python.distribute.coordinator import values
+
+        serialized = values.serialize_dataset_to_graph(self.dataset)
+        spec = self.dataset.element_spec
+        return _DatasetFn(self.dataset, self.settings,
+                          lambda: values.deserialize_dataset_from_graph(serialized, spec))
 
     def __call__(self, input_context=None):
         import tensorflow as tf
 
         pipelines, index, replicas = _context(input_context)
         dataset = self.dataset
+        if self._rebuild is not None and not tf.executing_eagerly():
+            dataset = self._rebuild()
         if self.settings.global_batch_size is None:  # batched with the global batch: split
             dataset = _split_batches(dataset, replicas)
             if pipelines > 1:
