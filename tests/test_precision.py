@@ -480,6 +480,53 @@ def test_mixed_precision_on_parameter_server_reaches_the_float32_loss(run_cluste
     assert close_losses(result["float32"], result["mixed_float16"]), result
 
 
+def parameter_server_fit_losses():
+    """The chief of a 2-worker parameter-server job: float32, mixed_bfloat16 and mixed_float16
+    trained by tfdist.fit (tfdist's own loop; Keras 3 wraps the LossScaleOptimizer in compile)
+    to the plateau, where the asynchronous order of the steps no longer matters."""
+    import keras
+
+    strategy = tfdist.make_strategy()
+    x, y = regression_data()
+    losses = {"strategy": type(strategy).__name__, "workers": strategy.extended._num_workers}
+    for policy in ("float32", "mixed_bfloat16", "mixed_float16"):
+        def build():
+            keras.utils.set_random_seed(0)
+            model = build_regression_model(keras)
+            schedule = keras.optimizers.schedules.PiecewiseConstantDecay(
+                [320, 480], [0.01, 0.002, 0.0005])
+            model.compile(optimizer=keras.optimizers.Adam(schedule), loss="mse",
+                          steps_per_execution=4)
+            return model
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # mixed_float16 without a GPU warns: meant here
+            with precision.precision_scope(policy):
+                model = tfdist.fit(build, (x, y), strategy=strategy, global_batch_size=32,
+                                   epochs=16, steps_per_epoch=40, shuffle=True, seed=0,
+                                   verbose=0).model
+        losses[policy] = float(np.mean((model(x).numpy() - y) ** 2))
+        losses[policy + "_dtype"] = model.layers[0].compute_dtype
+        losses[policy + "_optimizer"] = type(model.optimizer).__name__
+        losses[policy + "_iterations"] = int(model.optimizer.iterations.numpy())
+    return losses
+
+
+@pytest.mark.slow
+def test_tfdist_fit_with_two_asynchronous_workers_reaches_the_float32_loss(run_cluster):
+    runs = run_cluster(parameter_server_fit_losses, workers=2, ps=1, timeout=300)
+    result = runs["chief:0"].value
+    assert result["strategy"] == "ParameterServerStrategyV2" and result["workers"] == 2
+    assert result["float32"] < 0.02  # near the noise floor (0.0025) of the data
+    for policy, dtype in (("mixed_bfloat16", "bfloat16"), ("mixed_float16", "float16")):
+        assert result[policy + "_dtype"] == dtype
+        assert result[policy + "_iterations"] == 16 * 40
+        assert close_losses(result["float32"], result[policy]), result
+    # scaled exactly once: Keras 3's compile wrapped the optimizer, tfdist's loop did not
+    assert result["mixed_float16_optimizer"] == "LossScaleOptimizer"
+    assert result["float32_optimizer"] == result["mixed_bfloat16_optimizer"] == "Adam"
+
+
 # -------------------------------------------------------------------------- tf_keras
 
 
