@@ -278,14 +278,24 @@ def run_all(strategy, names):
     return results
 
 
+def progress_bar(strategy):
+    """fit(verbose=1) between two markers: Keras' progress bar, where it is shown."""
+    x, y = regression_data(48)
+    model = mlp(strategy)
+    print("PROGRESS-START", flush=True)
+    model.fit(x, y, batch_size=16, epochs=1, verbose=1)
+    print("PROGRESS-END", flush=True)
+    return {}
+
+
 MIRRORED = ["validation_split_uneven", "uneven_batches", "matches_one_device", "string_inputs",
             "steps_per_execution", "gradient_accumulation", "dropout_masks", "embedding_and_jit",
             "fit_evaluate_predict", "optimizer_made_outside_the_scope",
             "loss_scale_disagreement"]
 MULTI_WORKER = ["fit_evaluate_predict", "matches_one_device", "gradient_accumulation",
-                "steps_per_execution", "dropout_masks"]
+                "steps_per_execution", "dropout_masks", "progress_bar"]
 NOT_IN_TF_KERAS = {"gradient_accumulation", "optimizer_made_outside_the_scope",
-                   "loss_scale_disagreement"}
+                   "loss_scale_disagreement", "progress_bar"}
 
 
 def in_subprocess_mirrored(names, cpus=4):

@@ -22,18 +22,23 @@ pytestmark = pytest.mark.slow
 def jobs():
     configurations = {"tfdist": {}, "no_fixes": {"TFDIST_KERAS_FIXES": "0"},
                       "tf_keras": {"TF_USE_LEGACY_KERAS": "1"},
-                      "no_loop_fix": {"TFDIST_KERAS_FIXES": "-multi_worker_steps_per_execution"},
+                      "no_loop_fix": {"TFDIST_KERAS_FIXES": "-multi_worker_steps_per_execution",
+                                      "TFDIST_PROGRESS": "all"},
                       "no_mean_fix": {
                           "TFDIST_KERAS_FIXES": "-multi_worker_mean_of_metric_results"}}
     names = {"tfdist": scenarios.MULTI_WORKER, "no_fixes": ["fit_evaluate_predict"],
-             "no_loop_fix": ["steps_per_execution"], "no_mean_fix": ["fit_evaluate_predict"],
+             "no_loop_fix": ["steps_per_execution", "progress_bar"],
+             "no_mean_fix": ["fit_evaluate_predict"],
              "tf_keras": [n for n in scenarios.MULTI_WORKER if n not in scenarios.NOT_IN_TF_KERAS]}
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         futures = {key: pool.submit(run_cluster, scenarios.in_multi_worker, workers=2,
                                     args=(names[key],), env=env, timeout=900)
                    for key, env in configurations.items()}
-        return {key: [future.result()[f"worker:{i}"].value for i in range(2)]
-                for key, future in futures.items()}
+        runs = {key: future.result() for key, future in futures.items()}
+    for key, run in runs.items():  # each worker's output, for the tests of what is printed
+        for i in range(2):
+            run[f"worker:{i}"].value["output"] = run[f"worker:{i}"].output
+    return {key: [run[f"worker:{i}"].value for i in range(2)] for key, run in runs.items()}
 
 
 def both(jobs, configuration, name):
@@ -98,6 +103,20 @@ def test_dropout_masks_differ_between_workers(jobs):
     first, second = both(jobs, "tfdist", "dropout_masks")
     assert first["replicas"] == second["replicas"] == 1 and first["reproducible"]
     assert first["digests"] != second["digests"]
+
+
+def _progress(worker) -> str:
+    assert "ok" in worker["results"]["progress_bar"], worker["results"]["progress_bar"]
+    text = worker["output"]
+    return text[text.index("PROGRESS-START"):text.index("PROGRESS-END")]
+
+
+def test_progress_bars_on_the_chief_only_unless_asked_for_everywhere(jobs):
+    chief, other = jobs["tfdist"]
+    assert "3/3" in _progress(chief) and "loss" in _progress(chief)
+    assert _progress(other).strip() == "PROGRESS-START"  # nothing drawn on worker 1
+    # TFDIST_PROGRESS=all: on every worker
+    assert all("3/3" in _progress(worker) for worker in jobs["no_loop_fix"])
 
 
 def test_same_scenarios_on_tf_keras(jobs):

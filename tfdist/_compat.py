@@ -77,6 +77,36 @@ def check_tensorflow() -> None:
         )
 
 
+_QUIET_PROGRESS = []  # the CallbackList class made quiet, once per process
+
+
+def quiet_progress_off_the_chief(is_chief: bool, env: Optional[Mapping[str, str]] = None) -> bool:
+    """Keras progress bars on the chief only, in a task of a multi-worker job.
+
+    Every worker of a multi-worker job runs the same `fit`, and each would draw the same
+    progress bar (`tfdist launch` shows them all). In a task that is not the chief, Keras'
+    own `CallbackList` (Keras 3 or tf_keras) then adds no progress bar; a ProgbarLogger the
+    script passes itself is kept. TFDIST_PROGRESS=all shows them on every task. Returns True
+    when this process's bars are off.
+    """
+    env = os.environ if env is None else env
+    if is_chief or env.get("TFDIST_PROGRESS", "").strip().lower() == "all":
+        return False
+    callback_list = keras().callbacks.CallbackList
+    if callback_list in _QUIET_PROGRESS:
+        return True
+    original = callback_list.__init__
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        kwargs["add_progbar"] = False  # Keras' fit, evaluate and predict pass it by keyword
+        original(self, *args, **kwargs)
+
+    callback_list.__init__ = __init__
+    _QUIET_PROGRESS.append(callback_list)
+    return True
+
+
 # =============================================================================================
 # Fixes of Keras 3 internals under tf.distribute.
 #

@@ -471,6 +471,9 @@ def _build_multi_worker(*, cluster, found, communication, communication_options=
         _MWMS_CACHE[key] = strategy
         if resolver is not None:
             _register_exit_barrier()
+            from tfdist import _compat
+
+            _compat.quiet_progress_off_the_chief(cluster.is_chief)
         return strategy
 
 
