@@ -295,7 +295,7 @@ MIRRORED = ["validation_split_uneven", "uneven_batches", "matches_one_device", "
 MULTI_WORKER = ["fit_evaluate_predict", "matches_one_device", "gradient_accumulation",
                 "steps_per_execution", "dropout_masks", "progress_bar"]
 NOT_IN_TF_KERAS = {"gradient_accumulation", "optimizer_made_outside_the_scope",
-                   "loss_scale_disagreement", "progress_bar"}
+                   "loss_scale_disagreement"}
 
 
 def in_subprocess_mirrored(names, cpus=4):

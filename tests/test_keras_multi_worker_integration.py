@@ -117,6 +117,8 @@ def test_progress_bars_on_the_chief_only_unless_asked_for_everywhere(jobs):
     assert _progress(other).strip() == "PROGRESS-START"  # nothing drawn on worker 1
     # TFDIST_PROGRESS=all: on every worker
     assert all("3/3" in _progress(worker) for worker in jobs["no_loop_fix"])
+    chief, other = jobs["tf_keras"]  # the same under tf_keras
+    assert "3/3" in _progress(chief) and _progress(other).strip() == "PROGRESS-START"
 
 
 def test_same_scenarios_on_tf_keras(jobs):
