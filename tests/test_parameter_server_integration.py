@@ -304,6 +304,13 @@ def single_job(out_dir):
     result = {"workers": strategy.extended._num_workers, "iterations": _iterations(model),
               "loss": history.history["loss"]}
     result["backup"] = _interrupted_and_resumed(keras, strategy, out_dir)
+    # no steps_per_epoch: an epoch is one pass over the arrays, ceil(500 / 32) = 16 steps
+    x, y = _blobs(500)
+    history = tfdist.fit(lambda: sequential(keras), (x, y), strategy=strategy,
+                         global_batch_size=32, epochs=2, verbose=0)
+    result["one_pass"] = {"iterations": _iterations(history.model),
+                          "evaluate": tfdist.evaluate(history.model, (x, y), strategy=strategy,
+                                                      global_batch_size=32, verbose=0)}
     return result
 
 
@@ -519,6 +526,11 @@ def test_one_worker_counts_every_step(single):
     # 2 epochs x 7 steps in groups of 3, 3, 1
     assert single["iterations"] == 14
     assert single["loss"][-1] < single["loss"][0]
+
+
+def test_without_step_counts_an_epoch_is_one_pass_over_the_data(single):
+    assert single["one_pass"]["iterations"] == 2 * 16
+    assert set(single["one_pass"]["evaluate"]) == {"acc", "loss"}
 
 
 def test_backup_and_restore_resumes_an_interrupted_fit_at_the_next_epoch(single):

@@ -156,6 +156,31 @@ def _as_structure(data):
     return structure, lengths.pop()
 
 
+def steps_per_pass(data, global_batch_size: Optional[int] = None) -> Optional[int]:
+    """Global steps (batches of `global_batch_size` over all replicas) in one pass over `data`.
+
+    Arrays: ceil(examples / global_batch_size). A finite tf.data.Dataset: its batches, or
+    ceil(examples / global_batch_size) for unbatched examples. None when that is not known (a
+    dataset function, an infinite or unknown-length dataset, arrays without a batch size).
+    """
+    import math
+
+    kind = _kind(data)
+    if kind == "function":
+        return None
+    if kind == "arrays":
+        if not global_batch_size:
+            return None
+        _, examples = _as_structure(data)
+        return max(1, math.ceil(examples / global_batch_size))
+    cardinality = int(data.cardinality())
+    if cardinality < 0:  # tf.data.INFINITE_CARDINALITY or UNKNOWN_CARDINALITY
+        return None
+    if not global_batch_size:
+        return cardinality
+    return max(1, math.ceil(cardinality / global_batch_size))
+
+
 def _optimize(dataset):
     """Parallel map / batch and AUTOTUNE, as tf.data options (they apply to user maps too)."""
     import tensorflow as tf
@@ -572,7 +597,8 @@ def distribute_dataset(data, strategy, global_batch_size: Optional[int] = None, 
                        shuffle: bool = False, seed: Optional[int] = None,
                        map_fn: Optional[Callable] = None,
                        batch_map_fn: Optional[Callable] = None,
-                       shuffle_buffer: Optional[int] = None, options=None):
+                       shuffle_buffer: Optional[int] = None, repeat: bool = False,
+                       options=None):
     """Shards, batches and prefetches `data` for `strategy` (mirrored, multi_worker_mirrored).
 
     Every worker of a multi-worker job calls it, in the same order. One epoch over the
@@ -594,6 +620,8 @@ def distribute_dataset(data, strategy, global_batch_size: Optional[int] = None, 
         batch_map_fn: callable(batch) -> batch, a vectorized map applied to each global
             batch before it is split per replica (see `dataset_fn_for`). Defaults to None.
         shuffle_buffer: int. See `dataset_fn_for`.
+        repeat: bool. Repeat forever (examples are batched across the end of a pass), for
+            a fixed number of steps per epoch. Defaults to False.
         options: tf.distribute.InputOptions, passed to TensorFlow. Defaults to None.
 
     Returns:
@@ -621,7 +649,7 @@ def distribute_dataset(data, strategy, global_batch_size: Optional[int] = None, 
     if kind == "function" or (kind == "arrays" and workers > 1):
         # Arrays on several workers: each worker slices its own examples out of memory.
         fn = dataset_fn_for(data, global_batch_size, shuffle=shuffle, seed=seed,
-                            map_fn=map_fn, batch_map_fn=batch_map_fn,
+                            repeat=repeat, map_fn=map_fn, batch_map_fn=batch_map_fn,
                             shuffle_buffer=shuffle_buffer)
         return strategy.distribute_datasets_from_function(fn, options=options)
     if kind == "arrays":  # one worker: one global pipeline, whose size Keras can see
@@ -633,11 +661,11 @@ def distribute_dataset(data, strategy, global_batch_size: Optional[int] = None, 
     _warn_data_sharding(policy, reason, workers)
     if global_batch_size is None:
         _refuse_on_batched(shuffle, map_fn, batch_map_fn)
-        dataset = _optimize(data.prefetch(tf.data.AUTOTUNE))
+        dataset = _optimize((data.repeat() if repeat else data).prefetch(tf.data.AUTOTUNE))
     else:
         if shuffle and seed is None and policy == "DATA":
             seed = SHARED_SEED
-        settings = _Settings(global_batch_size, shuffle, seed, False, map_fn, batch_map_fn,
+        settings = _Settings(global_batch_size, shuffle, seed, repeat, map_fn, batch_map_fn,
                              shuffle_buffer)
         dataset = settings.finish(data, global_batch_size)
     shard_options = tf.data.Options()

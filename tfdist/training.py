@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from tfdist import _compat
 from tfdist import data as data_lib
 from tfdist._coordinator import TaskUnavailableError
 from tfdist.environments import detect_cluster
@@ -59,7 +60,9 @@ def fit(build_model: Callable, data: Any, *, strategy=None, epochs: int = 1,
             without `global_batch_size` is taken as already batched with the global batch.
         strategy: tf.distribute.Strategy. Defaults to `tfdist.make_strategy()`.
         epochs: int. Defaults to 1.
-        steps_per_epoch: int. Required on parameter_server (its input repeats forever).
+        steps_per_epoch: int. Defaults to one pass over the data (arrays, a finite dataset);
+            otherwise the data repeat and every epoch trains exactly this many steps. Needed
+            for data of unknown length on parameter_server (and by tf_keras).
         global_batch_size: int. The batch over all replicas; each replica gets
             global_batch_size / num_replicas_in_sync. Required for arrays; for a Dataset,
             given means "batch these examples", left out means "already batched".
@@ -100,8 +103,11 @@ def fit(build_model: Callable, data: Any, *, strategy=None, epochs: int = 1,
         from tfdist import _coordinator
 
         if steps_per_epoch is None:
+            steps_per_epoch = data_lib.steps_per_pass(data, global_batch_size)
+        if steps_per_epoch is None:
             raise ValueError(
-                "steps_per_epoch is required on parameter_server: each worker reads its own "
+                "steps_per_epoch is required on parameter_server for data of unknown length "
+                "(a dataset function, an infinite dataset): each worker reads its own "
                 "repeated input, so an epoch has no natural end. HINT: steps_per_epoch = "
                 "number of examples // global_batch_size.")
         dataset_fn = data_lib.dataset_fn_for(data, global_batch_size, shuffle=shuffle,
@@ -109,20 +115,36 @@ def fit(build_model: Callable, data: Any, *, strategy=None, epochs: int = 1,
         validation_fn = None if validation_data is None else data_lib.dataset_fn_for(
             validation_data, global_batch_size, repeat=True)
         if validation_data is not None and validation_steps is None:
-            raise ValueError("validation_steps is required with validation_data on "
-                             "parameter_server.")
+            validation_steps = data_lib.steps_per_pass(validation_data, global_batch_size)
+            if validation_steps is None:
+                raise ValueError(
+                    "validation_steps is required on parameter_server for validation_data of "
+                    "unknown length. HINT: validation_steps = number of validation examples "
+                    "// global_batch_size.")
         history = _coordinator.fit_parameter_server(
             model, strategy, dataset_fn, epochs=epochs, steps_per_epoch=steps_per_epoch,
             callbacks=callbacks, verbose=verbose, validation_dataset_fn=validation_fn,
             validation_steps=validation_steps)
     else:
+        # An epoch: one pass over data of known size, or steps_per_epoch steps of it repeated
+        # (a pass may end inside an epoch; nothing runs out). tf_keras needs the step counts
+        # of a distributed dataset, so they are given to it whenever they are known.
+        one_pass = data_lib.steps_per_pass(data, global_batch_size)
+        legacy = _compat.uses_legacy_keras()
+        if steps_per_epoch is None and legacy:
+            steps_per_epoch = one_pass
+        repeat = steps_per_epoch is not None and one_pass is not None
         dataset = data_lib.distribute_dataset(data, strategy, global_batch_size,
-                                              shuffle=shuffle, seed=seed)
+                                              shuffle=shuffle, seed=seed, repeat=repeat)
         validation = None if validation_data is None else data_lib.distribute_dataset(
             validation_data, strategy, global_batch_size)
+        if validation is not None and validation_steps is None and legacy:
+            validation_steps = data_lib.steps_per_pass(validation_data, global_batch_size)
+        # shuffle=False: `dataset` is already shuffled as asked (Keras 3 warns that it
+        # ignores its default shuffle=True for a dataset)
         history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
                             validation_data=validation, validation_steps=validation_steps,
-                            callbacks=callbacks, verbose=verbose)
+                            callbacks=callbacks, verbose=verbose, shuffle=False)
     if getattr(history, "model", None) is not model:
         history.set_model(model)  # Keras 3's History.model is a read-only property
     return history
@@ -136,7 +158,7 @@ def evaluate(model, data: Any, *, strategy=None, steps: Optional[int] = None,
         model: keras.Model, compiled, built under `strategy`'s scope.
         data: the same forms as for `tfdist.fit`.
         strategy: tf.distribute.Strategy. Defaults to the strategy the model was built under.
-        steps: int. Required on parameter_server.
+        steps: int. Defaults to one pass over the data when its length is known.
         global_batch_size: int. See `tfdist.fit`.
         return_dict: bool. Return {metric name: value}. Defaults to True.
 
@@ -150,11 +172,17 @@ def evaluate(model, data: Any, *, strategy=None, steps: Optional[int] = None,
         from tfdist import _coordinator
 
         if steps is None:
-            raise ValueError("steps is required to evaluate on parameter_server.")
+            steps = data_lib.steps_per_pass(data, global_batch_size)
+        if steps is None:
+            raise ValueError(
+                "steps is required to evaluate on parameter_server for data of unknown "
+                "length. HINT: steps = number of examples // global_batch_size.")
         dataset_fn = data_lib.dataset_fn_for(data, global_batch_size, repeat=True)
         return _coordinator.evaluate_parameter_server(
             model, strategy, dataset_fn, steps=steps, verbose=verbose, return_dict=return_dict)
     dataset = data_lib.distribute_dataset(data, strategy, global_batch_size)
+    if steps is None and _compat.uses_legacy_keras():  # tf_keras needs it for this dataset
+        steps = data_lib.steps_per_pass(data, global_batch_size)
     return model.evaluate(dataset, steps=steps, verbose=verbose, return_dict=return_dict)
 
 
