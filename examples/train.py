@@ -9,56 +9,35 @@ The same script runs unchanged everywhere; only the environment differs:
     # Kubernetes TFJob: TF_CONFIG per replica              (examples/kubernetes/)
 
 Data: scikit-learn's handwritten digits (8x8 images, 10 classes), shipped inside the package,
-so nothing is downloaded. 80% trains, 20% is held out.
+so nothing is downloaded. 80% trains, 20% is held out (examples/digits.py, with the model).
+The scripts next to this one show one strategy each, in the idiom that suits it:
+mirrored.py, multi_worker.py, parameter_server.py, mixed_precision.py.
 """
 
 import os
 
 from absl import app, flags
 
+import digits
 import tfdist
 
 FLAGS = flags.FLAGS
+digits.define_flags(epochs=8)  # --epochs, --global_batch_size, --learning_rate
 flags.DEFINE_string("strategy", "auto", "tfdist strategy name (auto picks from the cluster).")
 flags.DEFINE_integer("virtual_cpus", 0, "Split the CPU into this many logical devices.")
-flags.DEFINE_integer("epochs", 8, "Training epochs.")
-flags.DEFINE_integer("global_batch_size", 64, "Batch size over all replicas.")
-flags.DEFINE_float("learning_rate", 0.01, "Adam learning rate.")
 flags.DEFINE_string("precision", "float32", "Keras policy name, or auto.")
 flags.DEFINE_integer("embedding_shards", 0,
                      "parameter_server: shard the pixel embedding over the ps tasks when > 0 "
                      "(a partitioner with this many shards at most).")
-flags.DEFINE_string("model_dir", "", "Where the chief saves the trained model (.keras).")
-
-
-def load_digits():
-    import numpy as np
-    from sklearn.datasets import load_digits as digits
-
-    data = digits()
-    x = (data.images.reshape(-1, 64) / 16.0).astype("float32")
-    y = data.target.astype("int32")
-    order = np.random.RandomState(0).permutation(len(x))
-    x, y = x[order], y[order]
-    split = int(0.8 * len(x))
-    return (x[:split], y[:split]), (x[split:], y[split:])
+flags.DEFINE_string("model_dir", "", "Where the chief saves the trained weights "
+                    "(digits.weights.h5).")
 
 
 def build_model():
     import tensorflow as tf
 
-    from tfdist import _compat
-
-    keras = _compat.keras()
-    inputs = keras.Input((64,))
-    # Quantised pixel intensities (0..16) per position, embedded: a table that the
-    # parameter_server example shards over its ps tasks.
-    tokens = keras.layers.Lambda(
-        lambda x: tf.cast(tf.round(x * 16.0), tf.int32) + 17 * tf.range(64))(inputs)
-    embedded = keras.layers.Embedding(17 * 64, 16)(tokens)
-    hidden = keras.layers.Dense(64, activation="relu")(keras.layers.Flatten()(embedded))
-    outputs = keras.layers.Dense(10, activation="softmax", dtype="float32")(hidden)
-    model = keras.Model(inputs, outputs)
+    keras = tf.keras  # Keras 3, or tf_keras with TF_USE_LEGACY_KERAS=1
+    model = digits.embedding_model()  # its Embedding table: what --embedding_shards shards
     model.compile(optimizer=keras.optimizers.Adam(FLAGS.learning_rate),
                   loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
@@ -74,14 +53,13 @@ def main(argv):
     strategy = tfdist.make_strategy(FLAGS.strategy, **options)  # worker/ps tasks serve here
     tfdist.set_precision(FLAGS.precision)
     spec = tfdist.detect_cluster()
-    (x_train, y_train), (x_test, y_test) = load_digits()
-    steps = len(x_train) // FLAGS.global_batch_size
+    (x_train, y_train), (x_test, y_test) = digits.load()
+    # an epoch: one pass over the examples, on every strategy (steps_per_epoch= changes it)
     history = tfdist.fit(build_model, (x_train, y_train), strategy=strategy,
-                         epochs=FLAGS.epochs, steps_per_epoch=steps,
-                         global_batch_size=FLAGS.global_batch_size, shuffle=True, seed=0)
-    test_steps = len(x_test) // FLAGS.global_batch_size
+                         epochs=FLAGS.epochs, global_batch_size=FLAGS.global_batch_size,
+                         shuffle=True, seed=0)
     results = tfdist.evaluate(history.model, (x_test, y_test), strategy=strategy,
-                              steps=test_steps, global_batch_size=FLAGS.global_batch_size)
+                              global_batch_size=FLAGS.global_batch_size)
     if spec.is_chief:
         print(f"{type(strategy).__name__}: held-out accuracy {results['accuracy']:.3f} "
               f"(chance 0.100), loss {results['loss']:.3f}", flush=True)
