@@ -634,7 +634,6 @@ def _fix_ps_fit_evaluate_predict():
     # (tfdist._coordinator.keras_fit / keras_evaluate, Keras' own arguments), and runs
     # predict on the coordinator itself, outside the strategy (each batch reads the variables
     # from the ps tasks), as tf_keras does for predict. Other strategies: unchanged.
-    import functools
     import inspect
 
     import tensorflow as tf

@@ -67,7 +67,6 @@ PROBE_TIMEOUT_SECONDS = 2.0
 LOST_TASK_GRACE_SECONDS = 5.0
 
 
-
 def _direct_schedule_allowed() -> bool:
     """Hand groups to the coordinator's cluster directly, so that only a retried group reads
     its progress slot (see _Runner). TFDIST_PS_DIRECT_SCHEDULE=0 (read when a model's runner
@@ -428,8 +427,8 @@ class _Runner:
 
     def __init__(self, model, strategy, coordinator):
         self.model, self.strategy, self.coordinator = model, strategy, coordinator
-        self.workers = max(1, strategy.extended._num_workers)
-        self.window = min(IN_FLIGHT_PER_WORKER * self.workers, PROGRESS_SLOTS - 1)
+        self.window = min(IN_FLIGHT_PER_WORKER * max(1, strategy.extended._num_workers),
+                          PROGRESS_SLOTS - 1)
         self._functions: Dict[tuple, Callable] = {}
         self._specs: Dict[str, object] = {}  # the structure of each mode's logs, when traced
         self._progress = None  # int64[PROGRESS_SLOTS] on the ps, next to optimizer.iterations
@@ -929,8 +928,6 @@ def _evaluate_keras3(model, strategy, dataset_fn, *, steps, steps_per_execution,
 
 def _keras_data(x, y, sample_weight, batch_size, shuffle: bool, what: str):
     """(dataset_fn, steps of one pass or None) for model.fit / evaluate arguments."""
-    import math
-
     import tensorflow as tf
 
     from tfdist import data as data_lib
@@ -940,9 +937,8 @@ def _keras_data(x, y, sample_weight, batch_size, shuffle: bool, what: str):
             raise ValueError(
                 f"`{what}` got a tf.data.Dataset as x and also y or sample_weight. HINT: put "
                 "them in the dataset's elements: (x, y) or (x, y, sample_weight).")
-        cardinality = int(x.cardinality())
-        return data_lib.dataset_fn_for(x, repeat=True), (cardinality if cardinality > 0
-                                                           else None)
+        # an empty dataset gives no default step count either
+        return data_lib.dataset_fn_for(x, repeat=True), data_lib.steps_per_pass(x) or None
     if x is None or callable(x):
         raise TypeError(
             f"`{what}` on parameter_server takes numpy arrays (or dicts of them) or a batched "
@@ -951,9 +947,8 @@ def _keras_data(x, y, sample_weight, batch_size, shuffle: bool, what: str):
     data = x if y is None and sample_weight is None else (
         (x, y) if sample_weight is None else (x, y, sample_weight))
     batch_size = 32 if batch_size is None else batch_size  # Keras' default
-    examples = len(tf.nest.flatten(x)[0])
     return (data_lib.dataset_fn_for(data, batch_size, shuffle=shuffle, repeat=True),
-            max(1, math.ceil(examples / batch_size)))
+            data_lib.steps_per_pass(data, batch_size))
 
 
 def _keras_steps(name: str, given, one_pass, what: str) -> int:
@@ -987,8 +982,9 @@ def keras_fit(model, *, x=None, y=None, batch_size=None, epochs=1, verbose="auto
         raise ValueError(
             "`fit` on parameter_server validates after every epoch. Received: "
             f"validation_freq={validation_freq!r}. HINT: leave validation_freq=1.")
+    import tensorflow as tf
+
     if validation_split and validation_data is None:
-        import tensorflow as tf
         from keras.src.trainers.data_adapters import array_slicing
 
         if isinstance(x, tf.data.Dataset):
@@ -1002,8 +998,6 @@ def keras_fit(model, *, x=None, y=None, batch_size=None, epochs=1, verbose="auto
     validation_fn = None
     if validation_data is not None:
         from keras.src.trainers.data_adapters import data_adapter_utils
-
-        import tensorflow as tf
 
         if isinstance(validation_data, tf.data.Dataset):
             val = (validation_data, None, None)
