@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo docs bench clean
+.PHONY: install test test-matrix test-oldest lint demo docs bench clean
 
 $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,19 @@ install: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# The version matrix (tfdist/releases.py): the README's scenarios on every TensorFlow / Keras
+# pair, each in its own uv virtualenv under .nox (reused), then one table. NOX_ARGS narrows it.
+test-matrix: $(STAMP)
+	$(VENV)/bin/nox $(NOX_ARGS)
+
+# The scenarios on the oldest pair only (CI runs this after `make test` on the newest).
+test-oldest: $(STAMP)
+	$(VENV)/bin/nox -s oldest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
@@ -27,4 +40,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .nox build *.egg-info

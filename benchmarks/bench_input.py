@@ -55,8 +55,11 @@ def write_tfrecords(directory: str, examples: int, files: int) -> list:
                     "x": tf.train.Feature(float_list=tf.train.FloatList(value=values[i])),
                     "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 10])),
                 }
-                writer.write(tf.train.Example(
-                    features=tf.train.Features(feature=feature)).SerializeToString())
+                writer.write(
+                    tf.train.Example(
+                        features=tf.train.Features(feature=feature)
+                    ).SerializeToString()
+                )
         paths.append(path)
     return paths
 
@@ -64,8 +67,10 @@ def write_tfrecords(directory: str, examples: int, files: int) -> list:
 def parse(record):
     import tensorflow as tf
 
-    spec = {"x": tf.io.FixedLenFeature([FEATURES], tf.float32),
-            "y": tf.io.FixedLenFeature([], tf.int64)}
+    spec = {
+        "x": tf.io.FixedLenFeature([FEATURES], tf.float32),
+        "y": tf.io.FixedLenFeature([], tf.int64),
+    }
     parsed = tf.io.parse_single_example(record, spec)
     return parsed["x"], parsed["y"]
 
@@ -74,8 +79,10 @@ def parse_batch(records):
     """The same parse, vectorized over a batch of records (tf.io.parse_example)."""
     import tensorflow as tf
 
-    spec = {"x": tf.io.FixedLenFeature([FEATURES], tf.float32),
-            "y": tf.io.FixedLenFeature([], tf.int64)}
+    spec = {
+        "x": tf.io.FixedLenFeature([FEATURES], tf.float32),
+        "y": tf.io.FixedLenFeature([], tf.int64),
+    }
     parsed = tf.io.parse_example(records, spec)
     return parsed["x"], parsed["y"]
 
@@ -103,9 +110,15 @@ def compare(cases: dict, repeats: int) -> dict:
             count, wall, cpu = one_pass(dataset)
             runs[name]["wall"].append(count / wall)
             runs[name]["cpu"].append(count / cpu)
-    return {name: {"median": statistics.median(r["wall"]), "runs": r["wall"],
-                   "per_cpu_second": statistics.median(r["cpu"]), "cpu_runs": r["cpu"]}
-            for name, r in runs.items()}
+    return {
+        name: {
+            "median": statistics.median(r["wall"]),
+            "runs": r["wall"],
+            "per_cpu_second": statistics.median(r["cpu"]),
+            "cpu_runs": r["cpu"],
+        }
+        for name, r in runs.items()
+    }
 
 
 def bench_input(args) -> dict:
@@ -118,21 +131,32 @@ def bench_input(args) -> dict:
         paths = write_tfrecords(tmp, args.examples, args.files)
         context = tf.distribute.InputContext(1, 0, 1)
         cases = {
-            "tfrecord naive": lambda: tf.data.Dataset.from_tensor_slices(paths).flat_map(
-                tf.data.TFRecordDataset).map(parse).batch(BATCH),
+            "tfrecord naive": lambda: (
+                tf.data.Dataset.from_tensor_slices(paths)
+                .flat_map(tf.data.TFRecordDataset)
+                .map(parse)
+                .batch(BATCH)
+            ),
             "tfrecord tfdist": lambda: dataset_fn_for(
-                tf.data.TFRecordDataset(paths), BATCH, map_fn=parse)(context),
+                tf.data.TFRecordDataset(paths), BATCH, map_fn=parse
+            )(context),
             "tfrecord tfdist vectorized": lambda: dataset_fn_for(
-                tf.data.TFRecordDataset(paths), BATCH, batch_map_fn=parse_batch)(context),
+                tf.data.TFRecordDataset(paths), BATCH, batch_map_fn=parse_batch
+            )(context),
         }
         rng = np.random.default_rng(1)
         x = rng.normal(size=(args.examples, FEATURES)).astype("float32")
         y = rng.integers(0, 10, size=args.examples)
         results = compare(cases, args.repeats)
-        results.update(compare({
-            "arrays naive": lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH),
-            "arrays tfdist": lambda: dataset_fn_for((x, y), BATCH)(context),
-        }, args.repeats))
+        results.update(
+            compare(
+                {
+                    "arrays naive": lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH),
+                    "arrays tfdist": lambda: dataset_fn_for((x, y), BATCH)(context),
+                },
+                args.repeats,
+            )
+        )
     return results
 
 
@@ -179,20 +203,28 @@ print("RESULT " + json.dumps(out))
 
 def bench_training(args) -> dict:
     proc = subprocess.run(
-        [sys.executable, "-c", TRAIN_CHILD, str(args.train_steps), str(args.repeats),
-         str(BATCH)], capture_output=True, text=True, timeout=1800)
+        [sys.executable, "-c", TRAIN_CHILD, str(args.train_steps), str(args.repeats), str(BATCH)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         raise RuntimeError(f"training benchmark failed:\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 # The suite's rows (benchmarks/run.py): (scenario, tfdist case, alternative case, its name).
-ROWS = (("input pipeline, TFRecord files", "tfrecord tfdist", "tfrecord naive",
-         "naive tf.data"),
-        ("input pipeline, TFRecord files, vectorized parse", "tfrecord tfdist vectorized",
-         "tfrecord naive", "naive tf.data"),
-        ("input pipeline, in-memory arrays", "arrays tfdist", "arrays naive", "naive tf.data"))
+ROWS = (
+    ("input pipeline, TFRecord files", "tfrecord tfdist", "tfrecord naive", "naive tf.data"),
+    (
+        "input pipeline, TFRecord files, vectorized parse",
+        "tfrecord tfdist vectorized",
+        "tfrecord naive",
+        "naive tf.data",
+    ),
+    ("input pipeline, in-memory arrays", "arrays tfdist", "arrays naive", "naive tf.data"),
+)
 DEFAULT = dict(repeats=5, examples=65536, files=8, train_steps=20)
 QUICK = dict(repeats=3, examples=16384, files=4, train_steps=8)
 
@@ -202,25 +234,45 @@ def run(quick: bool = False) -> list:
     import common
 
     cfg = QUICK if quick else DEFAULT
-    argv = [sys.executable, os.path.abspath(__file__), "--json",
-            "--repeats", str(cfg["repeats"]), "--examples", str(cfg["examples"]),
-            "--files", str(cfg["files"]), "--train-steps", str(cfg["train_steps"])]
+    argv = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--json",
+        "--repeats",
+        str(cfg["repeats"]),
+        "--examples",
+        str(cfg["examples"]),
+        "--files",
+        str(cfg["files"]),
+        "--train-steps",
+        str(cfg["train_steps"]),
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
     if proc.returncode:
         raise RuntimeError(f"bench_input failed:\n{proc.stderr[-3000:]}")
     report = json.loads(proc.stdout)
     rows = []
-    for suffix, key, unit in (("", "runs", "examples/s"), (" (CPU)", "cpu_runs",
-                                                            "examples/CPU-s")):
+    for suffix, key, unit in (("", "runs", "examples/s"), (" (CPU)", "cpu_runs", "examples/CPU-s")):
         inp, train = report["input"], report["training"]
         for scenario, ours, theirs, name in ROWS:
-            rows.append(common.row(scenario + suffix, inp[ours][key], inp[theirs][key], name,
-                                   unit, config=cfg))
-        rows.append(common.row(
-            "training, mixed_bfloat16 (one device)" + suffix, train["mixed_bfloat16"][key],
-            train["float32"][key], "float32", unit, config=cfg,
-            notes="" if suffix else "auto picks mixed_bfloat16 only on CPUs with native "
-                                     "bf16 (AMX / AVX512_BF16)"))
+            rows.append(
+                common.row(
+                    scenario + suffix, inp[ours][key], inp[theirs][key], name, unit, config=cfg
+                )
+            )
+        rows.append(
+            common.row(
+                "training, mixed_bfloat16 (one device)" + suffix,
+                train["mixed_bfloat16"][key],
+                train["float32"][key],
+                "float32",
+                unit,
+                config=cfg,
+                notes=""
+                if suffix
+                else "auto picks mixed_bfloat16 only on CPUs with native bf16 (AMX / AVX512_BF16)",
+            )
+        )
     return rows
 
 
@@ -229,29 +281,38 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed passes per case")
     parser.add_argument("--examples", type=int, default=65536, help="TFRecord examples")
     parser.add_argument("--files", type=int, default=8, help="TFRecord files")
-    parser.add_argument("--train-steps", "--train_steps", type=int, default=20,
-                        help="training steps per timed epoch (batch 256)")
+    parser.add_argument(
+        "--train-steps",
+        "--train_steps",
+        type=int,
+        default=20,
+        help="training steps per timed epoch (batch 256)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
-    report = {"input": bench_input(args), "training": bench_training(args),
-              "cpu_count": os.cpu_count()}
+    report = {
+        "input": bench_input(args),
+        "training": bench_training(args),
+        "cpu_count": os.cpu_count(),
+    }
     inp, train = report["input"], report["training"]
     report["ratios"] = {
-        "tfrecord tfdist / naive": inp["tfrecord tfdist"]["median"] / inp["tfrecord naive"][
-            "median"],
+        "tfrecord tfdist / naive": inp["tfrecord tfdist"]["median"]
+        / inp["tfrecord naive"]["median"],
         "tfrecord tfdist vectorized / naive": inp["tfrecord tfdist vectorized"]["median"]
         / inp["tfrecord naive"]["median"],
         "tfrecord tfdist / naive per CPU-second": inp["tfrecord tfdist"]["per_cpu_second"]
         / inp["tfrecord naive"]["per_cpu_second"],
         "tfrecord vectorized / naive per CPU-second": inp["tfrecord tfdist vectorized"][
-            "per_cpu_second"] / inp["tfrecord naive"]["per_cpu_second"],
+            "per_cpu_second"
+        ]
+        / inp["tfrecord naive"]["per_cpu_second"],
         "arrays tfdist / naive per CPU-second": inp["arrays tfdist"]["per_cpu_second"]
         / inp["arrays naive"]["per_cpu_second"],
         "arrays tfdist / naive": inp["arrays tfdist"]["median"] / inp["arrays naive"]["median"],
-        "mixed_bfloat16 / float32": train["mixed_bfloat16"]["median"] / train["float32"][
-            "median"],
+        "mixed_bfloat16 / float32": train["mixed_bfloat16"]["median"] / train["float32"]["median"],
         "mixed_bfloat16 / float32 per CPU-second": train["mixed_bfloat16"]["per_cpu_second"]
         / train["float32"]["per_cpu_second"],
     }
@@ -263,17 +324,25 @@ def main(argv=None) -> int:
 
     auto = auto_precision()
     print(f"host: {os.cpu_count()} CPU(s); auto precision: {auto['policy']} ({auto['reason']})")
-    print(f"input pipeline, examples/s (median of {args.repeats}, batch {BATCH}, "
-          f"{args.examples} examples, {args.files} TFRecord files):")
+    print(
+        f"input pipeline, examples/s (median of {args.repeats}, batch {BATCH}, "
+        f"{args.examples} examples, {args.files} TFRecord files):"
+    )
     for name, value in inp.items():
-        print(f"  {name:28} {value['median']:>12,.0f}   ({value['per_cpu_second']:,.0f} per "
-              "CPU-second)")
-    print(f"training, examples/s (median of {args.repeats} epochs of {args.train_steps} steps, "
-          f"MLP 784-1024-1024-10, batch {BATCH}, Adam, one device, epochs alternated):")
+        print(
+            f"  {name:28} {value['median']:>12,.0f}   ({value['per_cpu_second']:,.0f} per "
+            "CPU-second)"
+        )
+    print(
+        f"training, examples/s (median of {args.repeats} epochs of {args.train_steps} steps, "
+        f"MLP 784-1024-1024-10, batch {BATCH}, Adam, one device, epochs alternated):"
+    )
     for name, value in train.items():
-        print(f"  {name:28} {value['median']:>12,.0f}   ({value['per_cpu_second']:,.0f} per "
-              f"CPU-second; compute dtype {value['compute_dtype']}, final loss "
-              f"{value['final_loss']:.3f})")
+        print(
+            f"  {name:28} {value['median']:>12,.0f}   ({value['per_cpu_second']:,.0f} per "
+            f"CPU-second; compute dtype {value['compute_dtype']}, final loss "
+            f"{value['final_loss']:.3f})"
+        )
     print("ratios:")
     for name, value in report["ratios"].items():
         print(f"  {name:44} {value:.2f}x")

@@ -55,20 +55,38 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 IMPLEMENTATIONS = ("tfdist", "custom_loop", "tf_keras")
-ENV = {"tfdist": {"TF_USE_LEGACY_KERAS": "0"}, "custom_loop": {"TF_USE_LEGACY_KERAS": "0"},
-       "tf_keras": {"TF_USE_LEGACY_KERAS": "1"}}
+ENV = {
+    "tfdist": {"TF_USE_LEGACY_KERAS": "0"},
+    "custom_loop": {"TF_USE_LEGACY_KERAS": "0"},
+    "tf_keras": {"TF_USE_LEGACY_KERAS": "1"},
+}
 STRATEGIES = ("mirrored", "multi_worker_mirrored")
-LABELS = {"mirrored": "keras mirrored 2 vCPU",
-          "multi_worker_mirrored": "keras multi-worker 2 proc"}
+LABELS = {"mirrored": "keras mirrored 2 vCPU", "multi_worker_mirrored": "keras multi-worker 2 proc"}
 ALTERNATIVES = {"custom_loop": "custom loop", "tf_keras": "tf_keras fit"}
 # Targets for tfdist / alternative (examples/s).
-TARGETS = {("mirrored", "custom_loop"): 0.95, ("multi_worker_mirrored", "custom_loop"): 0.95,
-           ("mirrored", "tf_keras"): 1.0, ("multi_worker_mirrored", "tf_keras"): 1.1}
+TARGETS = {
+    ("mirrored", "custom_loop"): 0.95,
+    ("multi_worker_mirrored", "custom_loop"): 0.95,
+    ("mirrored", "tf_keras"): 1.0,
+    ("multi_worker_mirrored", "tf_keras"): 1.1,
+}
 
-DEFAULT = dict(features=64, hidden=512, classes=10, global_batch=256, batches=40,
-               steps_per_epoch=40, steps_per_execution=10, timed_epochs=5, sessions=2,
-               learning_rate=1e-3, seed=0, process_timeout=420, turn_timeout=180,
-               budget_seconds=390)
+DEFAULT = dict(
+    features=64,
+    hidden=512,
+    classes=10,
+    global_batch=256,
+    batches=40,
+    steps_per_epoch=40,
+    steps_per_execution=10,
+    timed_epochs=5,
+    sessions=2,
+    learning_rate=1e-3,
+    seed=0,
+    process_timeout=420,
+    turn_timeout=180,
+    budget_seconds=390,
+)
 QUICK = dict(DEFAULT, steps_per_epoch=20, timed_epochs=3, sessions=1)
 
 
@@ -99,10 +117,12 @@ def _setup(strategy_name, impl):
             strategy = tfdist.make_strategy("multi_worker_mirrored")
     elif strategy_name == "mirrored":
         strategy = tf.distribute.MirroredStrategy(
-            devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
+            devices, cross_device_ops=tf.distribute.ReductionToOneDevice()
+        )
     else:
         options = tf.distribute.experimental.CommunicationOptions(
-            implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING
+        )
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     return tf, keras, strategy
 
@@ -115,27 +135,35 @@ def _dataset(tf, cfg):
     x = rng.randn(cfg["batches"] * cfg["global_batch"], cfg["features"]).astype("float32")
     w = rng.randn(cfg["features"], cfg["classes"]).astype("float32")
     y = np.argmax(x @ w, axis=1).astype("int32")
-    return (tf.data.Dataset.from_tensor_slices((x, y))
-            .batch(cfg["global_batch"], drop_remainder=True).cache().repeat()
-            .prefetch(tf.data.AUTOTUNE))
+    return (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .batch(cfg["global_batch"], drop_remainder=True)
+        .cache()
+        .repeat()
+        .prefetch(tf.data.AUTOTUNE)
+    )
 
 
 def _model(keras, cfg):
     keras.utils.set_random_seed(cfg["seed"])
-    return keras.Sequential([
-        keras.Input((cfg["features"],)),
-        keras.layers.Dense(cfg["hidden"], activation="relu"),
-        keras.layers.Dense(cfg["hidden"], activation="relu"),
-        keras.layers.Dense(cfg["classes"], activation="softmax"),
-    ])
+    return keras.Sequential(
+        [
+            keras.Input((cfg["features"],)),
+            keras.layers.Dense(cfg["hidden"], activation="relu"),
+            keras.layers.Dense(cfg["hidden"], activation="relu"),
+            keras.layers.Dense(cfg["classes"], activation="softmax"),
+        ]
+    )
 
 
 def _compiled(keras, strategy, cfg, steps_per_execution=None):
     with strategy.scope():
         model = _model(keras, cfg)
-        model.compile(optimizer=keras.optimizers.Adam(cfg["learning_rate"]),
-                      loss="sparse_categorical_crossentropy",
-                      steps_per_execution=steps_per_execution or cfg["steps_per_execution"])
+        model.compile(
+            optimizer=keras.optimizers.Adam(cfg["learning_rate"]),
+            loss="sparse_categorical_crossentropy",
+            steps_per_execution=steps_per_execution or cfg["steps_per_execution"],
+        )
     return model
 
 
@@ -194,8 +222,13 @@ def _fit(tf, keras, strategy, data, cfg, turns):
             losses.append(float(logs["loss"]))
             turns.done(epoch)
 
-    model.fit(data, epochs=1 + cfg["timed_epochs"], steps_per_epoch=cfg["steps_per_epoch"],
-              verbose=0, callbacks=[EpochTimer()])
+    model.fit(
+        data,
+        epochs=1 + cfg["timed_epochs"],
+        steps_per_epoch=cfg["steps_per_epoch"],
+        verbose=0,
+        callbacks=[EpochTimer()],
+    )
     return epochs[1:], losses
 
 
@@ -219,6 +252,7 @@ def _custom_loop_parts(tf, keras, strategy, cfg, per_step_reduce=False, steps=No
         return loss
 
     if per_step_reduce:  # the tutorial's variant: a cross-replica loss every step
+
         @tf.function
         def train(iterator):
             total = tf.constant(0.0)
@@ -227,6 +261,7 @@ def _custom_loop_parts(tf, keras, strategy, cfg, per_step_reduce=False, steps=No
                 total += strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
             return total / steps
     else:
+
         @tf.function
         def train(iterator):
             for _ in tf.range(steps):
@@ -280,12 +315,17 @@ def measure(impl, strategy_name, cfg, turn_dir=None):
     threads = _threads()
     if strategy_name == "multi_worker_mirrored":
         _barrier(tf, strategy)
-    return {"threads_after_training": threads, "epoch_seconds": [wall for wall, _ in epochs],
-            "cpu_seconds": [cpu for _, cpu in epochs],
-            "losses": losses, "replicas": strategy.num_replicas_in_sync,
-            "strategy": type(strategy).__name__, "keras": keras.__version__,
-            "load_average": round(os.getloadavg()[0], 2),
-            "setup_seconds": round(ready - begin, 2)}
+    return {
+        "threads_after_training": threads,
+        "epoch_seconds": [wall for wall, _ in epochs],
+        "cpu_seconds": [cpu for _, cpu in epochs],
+        "losses": losses,
+        "replicas": strategy.num_replicas_in_sync,
+        "strategy": type(strategy).__name__,
+        "keras": keras.__version__,
+        "load_average": round(os.getloadavg()[0], 2),
+        "setup_seconds": round(ready - begin, 2),
+    }
 
 
 # -------------------------------------------------------------------------- the driver
@@ -300,9 +340,13 @@ def _implementations(strategy_name):
 
 
 def _launch(impl, strategy_name, cfg, turn_dir):
-    return common.run_fresh(measure, workers=_workers(strategy_name),
-                            args=(impl, strategy_name, cfg, turn_dir), env=ENV[impl],
-                            timeout=cfg["process_timeout"])
+    return common.run_fresh(
+        measure,
+        workers=_workers(strategy_name),
+        args=(impl, strategy_name, cfg, turn_dir),
+        env=ENV[impl],
+        timeout=cfg["process_timeout"],
+    )
 
 
 def _await(paths, future, timeout):
@@ -330,10 +374,11 @@ def _session(strategy_name, cfg, number):
     failed = {}
     ran = {impl: [] for impl in impls}  # the epochs each one completed
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="tfdist-bench-") as turn_dir, \
-            concurrent.futures.ThreadPoolExecutor(len(impls)) as pool:
-        futures = {impl: pool.submit(_launch, impl, strategy_name, cfg, turn_dir)
-                   for impl in impls}
+    with (
+        tempfile.TemporaryDirectory(prefix="tfdist-bench-") as turn_dir,
+        concurrent.futures.ThreadPoolExecutor(len(impls)) as pool,
+    ):
+        futures = {impl: pool.submit(_launch, impl, strategy_name, cfg, turn_dir) for impl in impls}
 
         def done(impl, epoch):
             return [os.path.join(turn_dir, f"done-{impl}-{epoch}-{t}") for t in range(workers)]
@@ -366,17 +411,21 @@ def _session(strategy_name, cfg, number):
             cpus = [sum(e) for e in zip(*(v["cpu_seconds"] for v in values[impl]))]
             rates[impl] = [examples / w for w in walls]
             per_cpu[impl] = [examples / c for c in cpus]
-    print(f"  keras session {number + 1} {strategy_name}: {time.perf_counter() - started:.0f} s "
-          f"(set-up and warm-up {ready - started:.0f} s); examples/s median "
-          + ", ".join(f"{i} {common.median(r):.0f}" for i, r in rates.items())
-          + "".join(f"; {i} FAILED: {e}" for i, e in failed.items()), flush=True)
+    print(
+        f"  keras session {number + 1} {strategy_name}: {time.perf_counter() - started:.0f} s "
+        f"(set-up and warm-up {ready - started:.0f} s); examples/s median "
+        + ", ".join(f"{i} {common.median(r):.0f}" for i, r in rates.items())
+        + "".join(f"; {i} FAILED: {e}" for i, e in failed.items()),
+        flush=True,
+    )
     rounds = {impl: [(number, e) for e in ran[impl]] for impl in rates}
     return rates, per_cpu, rounds, values, failed
 
 
 def _losses_match(a, b, tolerance=1e-3):
-    return len(a) == len(b) and all(abs(x - y) <= tolerance * max(1.0, abs(x))
-                                    for x, y in zip(a, b))
+    return len(a) == len(b) and all(
+        abs(x - y) <= tolerance * max(1.0, abs(x)) for x, y in zip(a, b)
+    )
 
 
 def _paired(ours, our_rounds, theirs, their_rounds):
@@ -404,10 +453,12 @@ def run(quick: bool = False, **overrides) -> list:
     for number in range(cfg["sessions"]):
         for strategy_name in STRATEGIES:
             elapsed = time.perf_counter() - started
-            if spent[strategy_name] and elapsed + max(spent[strategy_name]) > cfg[
-                    "budget_seconds"]:
-                print(f"  keras: no session {number + 1} of {strategy_name} ({elapsed:.0f} s "
-                      f"spent; budget {cfg['budget_seconds']} s)", flush=True)
+            if spent[strategy_name] and elapsed + max(spent[strategy_name]) > cfg["budget_seconds"]:
+                print(
+                    f"  keras: no session {number + 1} of {strategy_name} ({elapsed:.0f} s "
+                    f"spent; budget {cfg['budget_seconds']} s)",
+                    flush=True,
+                )
                 continue
             begin = time.perf_counter()
             rates, per_cpu, done, values, failed = _session(strategy_name, cfg, number)
@@ -421,16 +472,22 @@ def run(quick: bool = False, **overrides) -> list:
                 failures[strategy_name, impl] = error
     rows = []
     comparisons = [(s, "tfdist", alt) for s in STRATEGIES for alt in ("custom_loop", "tf_keras")]
-    for metric, samples, unit, suffix in (("wall", wall, "examples/s", ""),
-                                          ("cpu", cpu, "examples/CPU-s", " (CPU)")):
+    for metric, samples, unit, suffix in (
+        ("wall", wall, "examples/s", ""),
+        ("cpu", cpu, "examples/CPU-s", " (CPU)"),
+    ):
         for strategy_name, ours_name, alt in comparisons:
             scenario = LABELS[strategy_name] + suffix
-            ours, theirs = _paired(samples[strategy_name, ours_name],
-                                   rounds[strategy_name, ours_name],
-                                   samples[strategy_name, alt], rounds[strategy_name, alt])
+            ours, theirs = _paired(
+                samples[strategy_name, ours_name],
+                rounds[strategy_name, ours_name],
+                samples[strategy_name, alt],
+                rounds[strategy_name, alt],
+            )
             if not ours:
                 error = failures.get((strategy_name, ours_name)) or failures.get(
-                    (strategy_name, alt), "no measurement")
+                    (strategy_name, alt), "no measurement"
+                )
                 rows.append(common.error_row(scenario, error, ALTERNATIVES[alt]))
                 continue
             detail = {"config": cfg, "samples_per_side": len(ours), "implementation": ours_name}
@@ -438,25 +495,48 @@ def run(quick: bool = False, **overrides) -> list:
             if metric == "wall":
                 mine = processes[strategy_name, ours_name][0][0]["losses"]
                 other = processes[strategy_name, alt][0][0]["losses"]
-                detail.update(losses={"tfdist": mine, "alternative": other},
-                              losses_match=_losses_match(mine, other),
-                              processes={"tfdist": processes[strategy_name, ours_name],
-                                         "alternative": processes[strategy_name, alt]})
+                detail.update(
+                    losses={"tfdist": mine, "alternative": other},
+                    losses_match=_losses_match(mine, other),
+                    processes={
+                        "tfdist": processes[strategy_name, ours_name],
+                        "alternative": processes[strategy_name, alt],
+                    },
+                )
                 if not detail["losses_match"]:
                     notes = f"per-epoch losses differ: {mine} vs {other}"
-                threads = [max(w["threads_after_training"] or 0 for w in processes[
-                    strategy_name, name][-1]) for name in (ours_name, alt)]
+                threads = [
+                    max(
+                        w["threads_after_training"] or 0 for w in processes[strategy_name, name][-1]
+                    )
+                    for name in (ours_name, alt)
+                ]
                 if strategy_name == "multi_worker_mirrored" and alt == "tf_keras":
                     notes = (notes + "; " if notes else "") + (
-                        f"OS threads per process after training: {threads[0]} vs {threads[1]}")
-                failed = [f"{i}: {failures[strategy_name, i]}" for i in (ours_name, alt)
-                          if (strategy_name, i) in failures]
+                        f"OS threads per process after training: {threads[0]} vs {threads[1]}"
+                    )
+                failed = [
+                    f"{i}: {failures[strategy_name, i]}"
+                    for i in (ours_name, alt)
+                    if (strategy_name, i) in failures
+                ]
                 if failed:
                     notes = (notes + "; " if notes else "") + "failures: " + "; ".join(failed)
-            target = TARGETS[strategy_name, alt] if metric == "wall" and ours_name == "tfdist" \
-                else None
-            rows.append(common.row(scenario, ours, theirs, ALTERNATIVES[alt], unit,
-                                   target=target, notes=notes, **detail))
+            target = (
+                TARGETS[strategy_name, alt] if metric == "wall" and ours_name == "tfdist" else None
+            )
+            rows.append(
+                common.row(
+                    scenario,
+                    ours,
+                    theirs,
+                    ALTERNATIVES[alt],
+                    unit,
+                    target=target,
+                    notes=notes,
+                    **detail,
+                )
+            )
     return rows
 
 
@@ -485,6 +565,7 @@ def diagnose(strategy_name, rounds=5, steps=40):
             for _ in range(steps // spe):
                 logs = model.train_function(iterator)
             float(logs["loss"])
+
         return epoch
 
     def keras_train_step_in_loop(spe):  # Keras' train_step in a hand-written multi-step loop
@@ -495,12 +576,14 @@ def diagnose(strategy_name, rounds=5, steps=40):
         def train(iterator):
             for _ in tf.range(spe):
                 strategy.run(model.train_step, args=(next(iterator),))
+
         iterator = iter(strategy.experimental_distribute_dataset(data))
 
         def epoch():
             for _ in range(steps // spe):
                 train(iterator)
             float(model.optimizer.iterations.numpy())
+
         return epoch
 
     def custom(spe, per_step_reduce=False):
@@ -511,6 +594,7 @@ def diagnose(strategy_name, rounds=5, steps=40):
             for _ in range(steps // spe):
                 train(iterator)
             float(mean_loss.result())
+
         return epoch
 
     variants = {
@@ -543,24 +627,30 @@ def diagnose(strategy_name, rounds=5, steps=40):
                     variants[other]()
                     times[other].append(clock.stop())
 
-        model.fit(data, epochs=1 + rounds, steps_per_epoch=steps, verbose=0,
-                  callbacks=[Interleave()])
+        model.fit(
+            data, epochs=1 + rounds, steps_per_epoch=steps, verbose=0, callbacks=[Interleave()]
+        )
 
     fit_timed(k, f"fit_{k}", list(variants))
     fit_timed(1, "fit_1", ["keras_train_function_1", "custom_loop_1"])
     examples = steps * cfg["global_batch"]
-    return {name: {"examples_per_s": [round(examples / w) for w, _ in samples],
-                   "median_examples_per_s": round(statistics.median(
-                       examples / w for w, _ in samples)),
-                   "cpu_ms_per_step": round(statistics.median(c for _, c in samples)
-                                            / steps * 1000, 1)}
-            for name, samples in times.items() if samples}
+    return {
+        name: {
+            "examples_per_s": [round(examples / w) for w, _ in samples],
+            "median_examples_per_s": round(statistics.median(examples / w for w, _ in samples)),
+            "cpu_ms_per_step": round(statistics.median(c for _, c in samples) / steps * 1000, 1),
+        }
+        for name, samples in times.items()
+        if samples
+    }
 
 
 def _print_diagnosis(result):
     for name, r in result.items():
-        print(f"  {name:<45} {r['median_examples_per_s']:>7} examples/s (median)  "
-              f"{r['cpu_ms_per_step']:>5} CPU ms/step  epochs: {r['examples_per_s']}")
+        print(
+            f"  {name:<45} {r['median_examples_per_s']:>7} examples/s (median)  "
+            f"{r['cpu_ms_per_step']:>5} CPU ms/step  epochs: {r['examples_per_s']}"
+        )
 
 
 if __name__ == "__main__":
@@ -569,8 +659,9 @@ if __name__ == "__main__":
         if which == "mirrored":
             _print_diagnosis(common.run_fresh(diagnose, args=(which,), timeout=600)[0])
         else:
-            for i, value in enumerate(common.run_fresh(diagnose, workers=2, args=(which,),
-                                                       timeout=600)):
+            for i, value in enumerate(
+                common.run_fresh(diagnose, workers=2, args=(which,), timeout=600)
+            ):
                 print(f"worker {i}:")
                 _print_diagnosis(value)
     else:

@@ -1,4 +1,6 @@
-"""Parameter-server training throughput: tfdist (Keras 3) vs tf_keras (the parameter-server row of the suite).
+"""Parameter-server training throughput: tfdist (Keras 3) vs tf_keras.
+
+The parameter-server row of the suite.
 
 The same model, data and batch in examples/s, 2 workers + 1 ps + the coordinator (chief), all
 separate processes on loopback, at steps_per_execution k in {1, 10, 50}:
@@ -54,9 +56,21 @@ IMPLEMENTATIONS = ("tfdist", "tf_keras")
 STEPS_PER_EXECUTION = (1, 10, 50)
 TARGET = 1.1
 
-DEFAULT = dict(features=32, hidden=128, classes=10, batch=64, batches=32, steps_per_epoch=200,
-               timed_epochs=3, rounds=3, learning_rate=1e-3, seed=0, ks=STEPS_PER_EXECUTION,
-               process_timeout=420, budget_seconds=600)
+DEFAULT = dict(
+    features=32,
+    hidden=128,
+    classes=10,
+    batch=64,
+    batches=32,
+    steps_per_epoch=200,
+    timed_epochs=3,
+    rounds=3,
+    learning_rate=1e-3,
+    seed=0,
+    ks=STEPS_PER_EXECUTION,
+    process_timeout=420,
+    budget_seconds=600,
+)
 QUICK = dict(DEFAULT, steps_per_epoch=100, timed_epochs=2, rounds=1)
 
 
@@ -73,22 +87,32 @@ def dataset_fn(input_context=None, cfg=None):
     x = rng.randn(cfg["batches"] * cfg["batch"], cfg["features"]).astype("float32")
     w = rng.randn(cfg["features"], cfg["classes"]).astype("float32")
     y = np.argmax(x @ w, axis=1).astype("int32")
-    return (tf.data.Dataset.from_tensor_slices((x, y)).batch(cfg["batch"], drop_remainder=True)
-            .cache().repeat().prefetch(tf.data.AUTOTUNE))
+    return (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .batch(cfg["batch"], drop_remainder=True)
+        .cache()
+        .repeat()
+        .prefetch(tf.data.AUTOTUNE)
+    )
 
 
 def _model(keras, strategy, cfg, k):
     keras.utils.set_random_seed(cfg["seed"])
     with strategy.scope():
-        model = keras.Sequential([
-            keras.Input((cfg["features"],)),
-            keras.layers.Dense(cfg["hidden"], activation="relu"),
-            keras.layers.Dense(cfg["hidden"], activation="relu"),
-            keras.layers.Dense(cfg["classes"]),
-        ])
-        model.compile(optimizer=keras.optimizers.Adam(cfg["learning_rate"]),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"], steps_per_execution=k)
+        model = keras.Sequential(
+            [
+                keras.Input((cfg["features"],)),
+                keras.layers.Dense(cfg["hidden"], activation="relu"),
+                keras.layers.Dense(cfg["hidden"], activation="relu"),
+                keras.layers.Dense(cfg["classes"]),
+            ]
+        )
+        model.compile(
+            optimizer=keras.optimizers.Adam(cfg["learning_rate"]),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+            steps_per_execution=k,
+        )
     return model
 
 
@@ -126,8 +150,12 @@ def measure(impl, cfg):
     begin = time.perf_counter()
     tf, keras, strategy = _setup(impl)
     ready = time.perf_counter()
-    out = {"strategy": type(strategy).__name__, "keras": keras.__version__,
-           "workers": strategy.extended._num_workers, "k": {}}
+    out = {
+        "strategy": type(strategy).__name__,
+        "keras": keras.__version__,
+        "workers": strategy.extended._num_workers,
+        "k": {},
+    }
     for k in cfg["ks"]:
         model = _model(keras, strategy, cfg, k)
         seconds, losses = [], []
@@ -138,22 +166,38 @@ def measure(impl, cfg):
             return dataset_fn(input_context, cfg)
 
         if impl == "tf_keras":
-            model.fit(keras.utils.experimental.DatasetCreator(make), epochs=epochs,
-                      steps_per_epoch=cfg["steps_per_epoch"], verbose=0, callbacks=callbacks)
+            model.fit(
+                keras.utils.experimental.DatasetCreator(make),
+                epochs=epochs,
+                steps_per_epoch=cfg["steps_per_epoch"],
+                verbose=0,
+                callbacks=callbacks,
+            )
         else:
             from tfdist._coordinator import fit_parameter_server
 
-            fit_parameter_server(model, strategy, make, epochs=epochs,
-                                 steps_per_epoch=cfg["steps_per_epoch"], verbose=0,
-                                 callbacks=callbacks)
+            fit_parameter_server(
+                model,
+                strategy,
+                make,
+                epochs=epochs,
+                steps_per_epoch=cfg["steps_per_epoch"],
+                verbose=0,
+                callbacks=callbacks,
+            )
         examples = cfg["steps_per_epoch"] * cfg["batch"]
-        out["k"][k] = {"examples_per_s": [examples / wall for wall, _ in seconds[1:]],
-                       "epoch_seconds": [wall for wall, _ in seconds[1:]],
-                       "cpu_seconds": [cpu for _, cpu in seconds[1:]],
-                       "losses": losses,
-                       "iterations": int(model.optimizer.iterations.numpy())}
-    out.update(load_average=round(os.getloadavg()[0], 2), setup_seconds=round(ready - begin, 2),
-               train_seconds=round(time.perf_counter() - ready, 2))
+        out["k"][k] = {
+            "examples_per_s": [examples / wall for wall, _ in seconds[1:]],
+            "epoch_seconds": [wall for wall, _ in seconds[1:]],
+            "cpu_seconds": [cpu for _, cpu in seconds[1:]],
+            "losses": losses,
+            "iterations": int(model.optimizer.iterations.numpy()),
+        }
+    out.update(
+        load_average=round(os.getloadavg()[0], 2),
+        setup_seconds=round(ready - begin, 2),
+        train_seconds=round(time.perf_counter() - ready, 2),
+    )
     return out
 
 
@@ -168,8 +212,9 @@ def _launch(impl, cfg):
     error = ""
     for attempt in (1, 2):
         try:
-            runs = run_cluster(measure, workers=2, ps=1, args=(impl, cfg), env=env,
-                               timeout=cfg["process_timeout"])
+            runs = run_cluster(
+                measure, workers=2, ps=1, args=(impl, cfg), env=env, timeout=cfg["process_timeout"]
+            )
             return runs["chief:0"].value
         except Exception as err:  # noqa: BLE001 - reported, then retried once
             error = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
@@ -190,8 +235,11 @@ def run(quick: bool = False, **overrides) -> list:
     for round_ in range(cfg["rounds"]):
         elapsed = time.perf_counter() - started
         if round_ and elapsed / round_ * (round_ + 1) > cfg["budget_seconds"]:
-            print(f"  ps: stopping after {round_} round(s), {elapsed:.0f} s: another round "
-                  f"would pass the budget of {cfg['budget_seconds']} s", flush=True)
+            print(
+                f"  ps: stopping after {round_} round(s), {elapsed:.0f} s: another round "
+                f"would pass the budget of {cfg['budget_seconds']} s",
+                flush=True,
+            )
             break
         order = IMPLEMENTATIONS if round_ % 2 == 0 else IMPLEMENTATIONS[::-1]
         values = {}
@@ -204,16 +252,20 @@ def run(quick: bool = False, **overrides) -> list:
                 continue
             processes[impl].append(values[impl])
             rates = {k: statistics.median(values[impl]["k"][k]["examples_per_s"]) for k in ks}
-            print(f"  ps round {round_ + 1}/{cfg['rounds']}  {impl:<8} "
-                  + "  ".join(f"k={k}: {rates[k]:6.0f}" for k in ks)
-                  + f" examples/s  (cluster {time.perf_counter() - start:.0f} s, setup "
-                  f"{values[impl]['setup_seconds']:.0f} s, load "
-                  f"{values[impl]['load_average']:.1f})", flush=True)
+            print(
+                f"  ps round {round_ + 1}/{cfg['rounds']}  {impl:<8} "
+                + "  ".join(f"k={k}: {rates[k]:6.0f}" for k in ks)
+                + f" examples/s  (cluster {time.perf_counter() - start:.0f} s, setup "
+                f"{values[impl]['setup_seconds']:.0f} s, load "
+                f"{values[impl]['load_average']:.1f})",
+                flush=True,
+            )
         if len(values) == len(IMPLEMENTATIONS):  # keep rounds paired
             for impl in IMPLEMENTATIONS:
                 for k in ks:
                     samples[impl, k].append(
-                        statistics.median(values[impl]["k"][k]["examples_per_s"]))
+                        statistics.median(values[impl]["k"][k]["examples_per_s"])
+                    )
             rounds_done += 1
     rows = []
     for k in ks:
@@ -223,19 +275,38 @@ def run(quick: bool = False, **overrides) -> list:
             error = failures.get("tfdist") or failures.get("tf_keras", "no measurement")
             rows.append(common.error_row(scenario, error, "tf_keras fit"))
             continue
-        iterations = {impl: [p["k"][k]["iterations"] for p in processes[impl]]
-                      for impl in IMPLEMENTATIONS}
+        iterations = {
+            impl: [p["k"][k]["iterations"] for p in processes[impl]] for impl in IMPLEMENTATIONS
+        }
         expected = (1 + cfg["timed_epochs"]) * cfg["steps_per_epoch"]
         notes = ""
         if any(i != expected for i in iterations["tfdist"]):
             notes = f"tfdist optimizer.iterations {iterations['tfdist']} != {expected}"
-        rows.append(common.row(
-            scenario, ours, theirs, "tf_keras fit", "examples/s", target=TARGET, notes=notes,
-            config=cfg, rounds_done=rounds_done, steps_per_execution=k, iterations=iterations,
-            losses={impl: [p["k"][k]["losses"] for p in processes[impl]]
-                    for impl in IMPLEMENTATIONS},
-            processes={impl: [{key: value for key, value in p.items() if key != "k"}
-                              for p in processes[impl]] for impl in IMPLEMENTATIONS}))
+        rows.append(
+            common.row(
+                scenario,
+                ours,
+                theirs,
+                "tf_keras fit",
+                "examples/s",
+                target=TARGET,
+                notes=notes,
+                config=cfg,
+                rounds_done=rounds_done,
+                steps_per_execution=k,
+                iterations=iterations,
+                losses={
+                    impl: [p["k"][k]["losses"] for p in processes[impl]] for impl in IMPLEMENTATIONS
+                },
+                processes={
+                    impl: [
+                        {key: value for key, value in p.items() if key != "k"}
+                        for p in processes[impl]
+                    ]
+                    for impl in IMPLEMENTATIONS
+                },
+            )
+        )
     return rows
 
 
@@ -276,18 +347,24 @@ def diagnose_job(ks, cfg, rounds=5):
     variants = {}
     for k in ks:
         model = _model(keras, strategy, cfg, k)
-        _coordinator.fit_parameter_server(model, strategy, make, epochs=1,
-                                          steps_per_epoch=steps, verbose=0)
+        _coordinator.fit_parameter_server(
+            model, strategy, make, epochs=1, steps_per_epoch=steps, verbose=0
+        )
 
         def fit(model=model):
-            _coordinator.fit_parameter_server(model, strategy, make, epochs=1,
-                                              steps_per_epoch=steps, verbose=0)
+            _coordinator.fit_parameter_server(
+                model, strategy, make, epochs=1, steps_per_epoch=steps, verbose=0
+            )
 
         bare_model = _model(keras, strategy, cfg, k)
-        _coordinator.fit_parameter_server(bare_model, strategy, make, epochs=1,
-                                          steps_per_epoch=k, verbose=0)
-        iterator = iter(coordinator.create_per_worker_dataset(
-            lambda: strategy.distribute_datasets_from_function(make)))
+        _coordinator.fit_parameter_server(
+            bare_model, strategy, make, epochs=1, steps_per_epoch=k, verbose=0
+        )
+        iterator = iter(
+            coordinator.create_per_worker_dataset(
+                lambda: strategy.distribute_datasets_from_function(make)
+            )
+        )
 
         bare_group = _bare_group(tf, strategy, bare_model, k)
 
@@ -306,20 +383,24 @@ def diagnose_job(ks, cfg, rounds=5):
             start = time.perf_counter()
             fn()
             times[name].append(examples / (time.perf_counter() - start))
-    return {name: {"examples_per_s": statistics.median(v), "samples": v}
-            for name, v in times.items()}
+    return {
+        name: {"examples_per_s": statistics.median(v), "samples": v} for name, v in times.items()
+    }
 
 
 def diagnose(ks=STEPS_PER_EXECUTION, **overrides):
     from tfdist.testing import run_cluster
 
     cfg = dict(DEFAULT, **overrides)
-    runs = run_cluster(diagnose_job, workers=2, ps=1, args=(list(ks), cfg),
-                       timeout=cfg["process_timeout"])
+    runs = run_cluster(
+        diagnose_job, workers=2, ps=1, args=(list(ks), cfg), timeout=cfg["process_timeout"]
+    )
     result = runs["chief:0"].value
     for name, value in result.items():
-        print(f"{name:<12} {value['examples_per_s']:8.0f} examples/s  "
-              f"{[round(s) for s in value['samples']]}")
+        print(
+            f"{name:<12} {value['examples_per_s']:8.0f} examples/s  "
+            f"{[round(s) for s in value['samples']]}"
+        )
     return result
 
 

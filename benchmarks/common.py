@@ -27,8 +27,7 @@ RESULTS_DIR = os.path.join(HERE, "results")
 # Quiet TensorFlow's C++ logs in every child process the benchmarks start.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-ROW_KEYS = ("scenario", "tfdist", "alternative", "alternative_name", "unit", "ratio",
-            "min_max")
+ROW_KEYS = ("scenario", "tfdist", "alternative", "alternative_name", "unit", "ratio", "min_max")
 
 
 # ------------------------------------------------------------------------------- timing
@@ -59,8 +58,12 @@ def summary(samples: Sequence[float]) -> Dict[str, float]:
     values = [float(v) for v in samples]
     if not values:
         raise ValueError("summary() needs at least one sample.")
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "n": len(values)}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
 
 
 def median(samples: Sequence[float]) -> float:
@@ -70,10 +73,19 @@ def median(samples: Sequence[float]) -> float:
 # --------------------------------------------------------------------------------- rows
 
 
-def row(scenario: str, tfdist: Sequence[float], alternative: Sequence[float],
-        alternative_name: str, unit: str, *, higher_is_better: bool = True,
-        target: Optional[float] = None, paired: bool = True, notes: str = "",
-        **extra) -> Dict[str, Any]:
+def row(
+    scenario: str,
+    tfdist: Sequence[float],
+    alternative: Sequence[float],
+    alternative_name: str,
+    unit: str,
+    *,
+    higher_is_better: bool = True,
+    target: Optional[float] = None,
+    paired: bool = True,
+    notes: str = "",
+    **extra,
+) -> Dict[str, Any]:
     """One result row comparing tfdist with an alternative, from their repeat samples.
 
     Args:
@@ -105,12 +117,15 @@ def row(scenario: str, tfdist: Sequence[float], alternative: Sequence[float],
         "unit": unit,
         "ratio": ratio,
         "min_max": {"tfdist": [a["min"], a["max"]], "alternative": [b["min"], b["max"]]},
-        "samples": {"tfdist": [float(v) for v in tfdist],
-                    "alternative": [float(v) for v in alternative]},
+        "samples": {
+            "tfdist": [float(v) for v in tfdist],
+            "alternative": [float(v) for v in alternative],
+        },
         "higher_is_better": higher_is_better,
         "target": target,
-        "target_met": None if target is None else (
-            ratio >= target if higher_is_better else ratio <= target),
+        "target_met": None
+        if target is None
+        else (ratio >= target if higher_is_better else ratio <= target),
         "notes": notes,
     }
     if paired and len(tfdist) == len(alternative) and len(tfdist) > 1:
@@ -122,9 +137,19 @@ def row(scenario: str, tfdist: Sequence[float], alternative: Sequence[float],
 
 def error_row(scenario: str, error: str, alternative_name: str = "", **extra) -> Dict[str, Any]:
     """A row for a measurement that failed: printed as FAILED, kept in the JSON."""
-    out = {"scenario": scenario, "tfdist": None, "alternative": None,
-           "alternative_name": alternative_name, "unit": "", "ratio": None, "min_max": None,
-           "target": None, "target_met": None, "error": error, "notes": ""}
+    out = {
+        "scenario": scenario,
+        "tfdist": None,
+        "alternative": None,
+        "alternative_name": alternative_name,
+        "unit": "",
+        "ratio": None,
+        "min_max": None,
+        "target": None,
+        "target_met": None,
+        "error": error,
+        "notes": "",
+    }
     out.update(extra)
     return out
 
@@ -133,8 +158,10 @@ def check_row(r: Mapping[str, Any]) -> None:
     """Raises ValueError unless `r` has the keys every row must have."""
     missing = [k for k in ROW_KEYS if k not in r]
     if missing:
-        raise ValueError(f"benchmark row {r.get('scenario', r)!r} lacks key(s) {missing}; "
-                         "build rows with common.row(...).")
+        raise ValueError(
+            f"benchmark row {r.get('scenario', r)!r} lacks key(s) {missing}; "
+            "build rows with common.row(...)."
+        )
 
 
 # -------------------------------------------------------------------------------- table
@@ -161,13 +188,22 @@ def _span(pair) -> str:
 
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The rows as a fixed-width text table (one line per row, notes numbered below)."""
-    header = ("scenario", "tfdist", "alternative", "ratio", "target", "min-max tfdist",
-              "min-max alternative", "ratio min-max")
+    header = (
+        "scenario",
+        "tfdist",
+        "alternative",
+        "ratio",
+        "target",
+        "min-max tfdist",
+        "min-max alternative",
+        "ratio min-max",
+    )
     lines, notes = [], []
     for r in rows:
         if r.get("error"):
-            lines.append((r["scenario"], "FAILED", r.get("alternative_name", ""), "-", "-",
-                          "-", "-", "-"))
+            lines.append(
+                (r["scenario"], "FAILED", r.get("alternative_name", ""), "-", "-", "-", "-", "-")
+            )
             notes.append(f"{r['scenario']}: {r['error']}")
             continue
         unit = r.get("unit", "")
@@ -178,16 +214,18 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
             op = ">=" if r.get("higher_is_better", True) else "<="
             mark = f"{op}{target:g} {'ok' if r.get('target_met') else 'MISS'}"
         min_max = r.get("min_max") or {}
-        lines.append((
-            r["scenario"],
-            f"{_number(r['tfdist'])} {unit}".strip(),
-            f"{_number(r['alternative'])} ({r['alternative_name']})",
-            "-" if ratio is None else f"{ratio:.3f}x",
-            mark,
-            _span(min_max.get("tfdist")),
-            _span(min_max.get("alternative")),
-            _span(r.get("ratio_min_max")),
-        ))
+        lines.append(
+            (
+                r["scenario"],
+                f"{_number(r['tfdist'])} {unit}".strip(),
+                f"{_number(r['alternative'])} ({r['alternative_name']})",
+                "-" if ratio is None else f"{ratio:.3f}x",
+                mark,
+                _span(min_max.get("tfdist")),
+                _span(min_max.get("alternative")),
+                _span(r.get("ratio_min_max")),
+            )
+        )
         if r.get("notes"):
             notes.append(f"{r['scenario']} vs {r['alternative_name']}: {r['notes']}")
     widths = [max(len(str(x)) for x in column) for column in zip(header, *lines)]
@@ -219,14 +257,22 @@ def environment() -> Dict[str, Any]:
         except metadata.PackageNotFoundError:
             return None
 
-    return {"python": platform.python_version(), "platform": platform.platform(),
-            "cpus": os.cpu_count(), "tensorflow": version("tensorflow"),
-            "keras": version("keras"), "tf_keras": version("tf_keras"),
-            "tfdist": version("tfdist")}
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "tensorflow": version("tensorflow"),
+        "keras": version("keras"),
+        "tf_keras": version("tf_keras"),
+        "tfdist": version("tfdist"),
+    }
 
 
-def write_json(rows: Sequence[Mapping[str, Any]], meta: Optional[Mapping[str, Any]] = None,
-               path: Optional[str] = None) -> str:
+def write_json(
+    rows: Sequence[Mapping[str, Any]],
+    meta: Optional[Mapping[str, Any]] = None,
+    path: Optional[str] = None,
+) -> str:
     """Writes {"meta": ..., "rows": [...]} to `path` (default results/<timestamp>.json)."""
     if path is None:
         os.makedirs(RESULTS_DIR, exist_ok=True)
@@ -244,9 +290,15 @@ def write_json(rows: Sequence[Mapping[str, Any]], meta: Optional[Mapping[str, An
 # ---------------------------------------------------------------------- fresh processes
 
 
-def run_fresh(fn: Callable, *, workers: int = 1, args: Sequence = (),
-              kwargs: Optional[Mapping] = None, env: Optional[Mapping[str, str]] = None,
-              timeout: float = 300.0) -> List[Any]:
+def run_fresh(
+    fn: Callable,
+    *,
+    workers: int = 1,
+    args: Sequence = (),
+    kwargs: Optional[Mapping] = None,
+    env: Optional[Mapping[str, str]] = None,
+    timeout: float = 300.0,
+) -> List[Any]:
     """Runs module-level `fn(*args, **kwargs)` in `workers` fresh local processes.
 
     Each process gets its own TF_CONFIG (a `workers`-task cluster on loopback ports; with one
@@ -260,6 +312,5 @@ def run_fresh(fn: Callable, *, workers: int = 1, args: Sequence = (),
     """
     from tfdist.testing import run_cluster
 
-    runs = run_cluster(fn, workers=workers, args=args, kwargs=kwargs, env=env,
-                       timeout=timeout)
+    runs = run_cluster(fn, workers=workers, args=args, kwargs=kwargs, env=env, timeout=timeout)
     return [runs[f"worker:{i}"].value for i in range(workers)]

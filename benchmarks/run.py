@@ -32,8 +32,10 @@ def _has_run(path: str) -> bool:
     """True when the file defines a module-level `run` function (read, not imported)."""
     with open(path) as f:
         tree = ast.parse(f.read(), filename=path)
-    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "run"
-               for node in tree.body)
+    return any(
+        isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "run"
+        for node in tree.body
+    )
 
 
 def discover() -> tuple:
@@ -43,7 +45,7 @@ def discover() -> tuple:
     """
     names, skipped = [], []
     for path in sorted(glob.glob(os.path.join(HERE, "bench_*.py"))):
-        name = os.path.basename(path)[len("bench_"):-len(".py")]
+        name = os.path.basename(path)[len("bench_") : -len(".py")]
         (names if _has_run(path) else skipped).append(name)
     return names, skipped
 
@@ -53,13 +55,14 @@ def _selected(names: list, skipped: list, only: list) -> list:
         return names
     wanted = [os.path.basename(o) for o in only]
     wanted = [w[:-3] if w.endswith(".py") else w for w in wanted]
-    wanted = [w[len("bench_"):] if w.startswith("bench_") else w for w in wanted]
+    wanted = [w[len("bench_") :] if w.startswith("bench_") else w for w in wanted]
     unknown = [w for w in wanted if w not in names]
     if unknown:
         hint = [w for w in unknown if w in skipped]
         raise SystemExit(
             f"--only {', '.join(unknown)}: no such benchmark. Found: {', '.join(names)}."
-            + (f" bench_{hint[0]}.py has no module-level run(quick) function." if hint else ""))
+            + (f" bench_{hint[0]}.py has no module-level run(quick) function." if hint else "")
+        )
     return [n for n in names if n in wanted]
 
 
@@ -79,20 +82,31 @@ def run_module(name: str, quick: bool) -> tuple:
     except Exception as err:  # one broken module must not lose the others' results
         text = f"{type(err).__name__}: {err}"
         sys.stderr.write(f"[bench {name}] failed:\n{traceback.format_exc()}\n")
-        row = common.error_row(f"bench_{name}", text.splitlines()[0][:300], module=name,
-                               traceback=traceback.format_exc())
+        row = common.error_row(
+            f"bench_{name}",
+            text.splitlines()[0][:300],
+            module=name,
+            traceback=traceback.format_exc(),
+        )
         return [row], time.perf_counter() - start, text
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="small settings and fewer repeats (a smoke run)")
-    parser.add_argument("--only", action="append", default=[], metavar="NAME",
-                        help="run only this benchmark (keras or bench_keras); repeatable")
+    parser.add_argument(
+        "--quick", action="store_true", help="small settings and fewer repeats (a smoke run)"
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run only this benchmark (keras or bench_keras); repeatable",
+    )
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
-    parser.add_argument("--out", default=None,
-                        help="JSON path (default benchmarks/results/<timestamp>.json)")
+    parser.add_argument(
+        "--out", default=None, help="JSON path (default benchmarks/results/<timestamp>.json)"
+    )
     args = parser.parse_args(argv)
 
     names, skipped = discover()
@@ -103,8 +117,10 @@ def main(argv=None) -> int:
         return 0
     for name in skipped:
         if not args.only:
-            print(f"[bench {name}] skipped: bench_{name}.py has no module-level "
-                  "run(quick) function", flush=True)
+            print(
+                f"[bench {name}] skipped: bench_{name}.py has no module-level run(quick) function",
+                flush=True,
+            )
     names = _selected(names, skipped, args.only)
     started = time.time()
     rows, timings, failed = [], {}, []
@@ -119,17 +135,27 @@ def main(argv=None) -> int:
     wall = time.time() - started
     print()
     common.print_table(rows)
-    missed = [f"{r['scenario']} vs {r['alternative_name']}" for r in rows
-              if r.get("target_met") is False]
-    print(f"\n{len(rows)} row(s) from {len(names)} benchmark(s) in {wall:.0f} s"
-          f" ({', '.join(f'{n} {s:.0f} s' for n, s in timings.items())}).")
+    missed = [
+        f"{r['scenario']} vs {r['alternative_name']}" for r in rows if r.get("target_met") is False
+    ]
+    print(
+        f"\n{len(rows)} row(s) from {len(names)} benchmark(s) in {wall:.0f} s"
+        f" ({', '.join(f'{n} {s:.0f} s' for n, s in timings.items())})."
+    )
     if missed:
         print(f"Targets missed: {'; '.join(missed)}.")
-    path = common.write_json(rows, {"quick": args.quick, "modules": names,
-                                    "module_seconds": timings, "wall_seconds": round(wall, 1),
-                                    "started": time.strftime("%Y-%m-%dT%H:%M:%S",
-                                                             time.localtime(started)),
-                                    "argv": sys.argv[1:]}, path=args.out)
+    path = common.write_json(
+        rows,
+        {
+            "quick": args.quick,
+            "modules": names,
+            "module_seconds": timings,
+            "wall_seconds": round(wall, 1),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+            "argv": sys.argv[1:],
+        },
+        path=args.out,
+    )
     print(f"Results: {os.path.relpath(path)}")
     return 1 if failed else 0
 

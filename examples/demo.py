@@ -35,8 +35,14 @@ def train(title, out_dir, **job):
             sys.stdout.flush()
 
     args = ["--epochs", "6", "--model_dir", out_dir] + job.pop("args", [])
-    codes = tfdist.launch(os.path.join(HERE, "train.py"), args, timeout=900, out=Tee(),
-                          extra_env={"TF_CPP_MIN_LOG_LEVEL": "2"}, **job)
+    codes = tfdist.launch(
+        os.path.join(HERE, "train.py"),
+        args,
+        timeout=900,
+        out=Tee(),
+        extra_env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+        **job,
+    )
     accuracy = re.search(r"held-out accuracy ([0-9.]+)", log.getvalue())
     return codes, float(accuracy.group(1)) if accuracy else None
 
@@ -50,18 +56,22 @@ def main() -> int:
     root = tempfile.mkdtemp(prefix="tfdist-demo-")
     results = {
         "multi_worker_mirrored (2 workers)": train(
-            "tfdist launch --workers 2 examples/train.py", os.path.join(root, "multi_worker"),
-            workers=2),
+            "tfdist launch --workers 2 examples/train.py",
+            os.path.join(root, "multi_worker"),
+            workers=2,
+        ),
         "parameter_server (2 workers + 1 ps)": train(
             "tfdist launch --workers 2 --ps 1 examples/train.py --embedding_shards 1",
-            os.path.join(root, "parameter_server"), workers=2, ps=1,
-            args=["--embedding_shards", "1"]),
+            os.path.join(root, "parameter_server"),
+            workers=2,
+            ps=1,
+            args=["--embedding_shards", "1"],
+        ),
     }
     print("\n== Summary (held-out digits, chance = 0.100)")
     ok = True
     for name, (codes, accuracy) in results.items():
-        good = all(code == 0 for code in codes.values()) and accuracy is not None \
-            and accuracy > 0.8
+        good = all(code == 0 for code in codes.values()) and accuracy is not None and accuracy > 0.8
         ok &= good
         shown = f"{accuracy:.3f}" if accuracy is not None else "n/a"
         print(f"  {name:38} accuracy {shown}  {'OK' if good else 'FAILED'}")

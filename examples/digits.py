@@ -33,8 +33,7 @@ def define_flags(epochs):
     (`--verbosity 0` brings them back).
     """
     flags.DEFINE_integer("epochs", epochs, "Training epochs.")
-    flags.DEFINE_integer("global_batch_size", 64, "Examples per training step, over all "
-                         "replicas.")
+    flags.DEFINE_integer("global_batch_size", 64, "Examples per training step, over all replicas.")
     flags.DEFINE_float("learning_rate", 0.01, "Adam learning rate.")
     logging.set_verbosity(logging.WARNING)  # before app.run: the --verbosity flag still wins
 
@@ -75,7 +74,8 @@ def embedding_model(dim=32, hidden=64):
     # pixel p with intensity v (0..16) -> row 17 * p + v of the table
     tokens = keras.layers.Lambda(
         lambda x: tf.cast(tf.round(x * 16.0), tf.int32) + LEVELS * tf.range(NUM_PIXELS),
-        name="pixel_tokens")(inputs)
+        name="pixel_tokens",
+    )(inputs)
     rows = keras.layers.Embedding(NUM_PIXELS * LEVELS, dim, name="pixel_embedding")(tokens)
     bag = keras.layers.Lambda(lambda rows: tf.reduce_sum(rows, axis=1), name="sum")(rows)
     return _classifier(keras, inputs, bag, hidden, name="digits_embedding")
@@ -84,6 +84,7 @@ def embedding_model(dim=32, hidden=64):
 def _classifier(keras, inputs, features, hidden, name):
     """`features` -> `hidden` ReLU units -> 10 class probabilities, in float32."""
     x = keras.layers.Dense(hidden, activation="relu", name="hidden")(features)
-    outputs = keras.layers.Dense(NUM_CLASSES, activation="softmax", dtype="float32",
-                                 name="probabilities")(x)
+    outputs = keras.layers.Dense(
+        NUM_CLASSES, activation="softmax", dtype="float32", name="probabilities"
+    )(x)
     return keras.Model(inputs, outputs, name=name)

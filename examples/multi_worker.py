@@ -23,15 +23,18 @@ shows it everywhere), and the chief prints the held-out accuracy on scikit-learn
 import os
 import tempfile
 
+import digits
 from absl import app, flags
 
-import digits
 import tfdist
 
 FLAGS = flags.FLAGS
 digits.define_flags(epochs=6)  # --epochs, --global_batch_size, --learning_rate
-flags.DEFINE_string("model_dir", os.path.join(tempfile.gettempdir(), "tfdist-multi-worker"),
-                    "Checkpoints and the backup; on several machines, a shared filesystem.")
+flags.DEFINE_string(
+    "model_dir",
+    os.path.join(tempfile.gettempdir(), "tfdist-multi-worker"),
+    "Checkpoints and the backup; on several machines, a shared filesystem.",
+)
 
 
 def main(argv):
@@ -42,32 +45,45 @@ def main(argv):
     keras = tf.keras  # Keras 3, or tf_keras with TF_USE_LEGACY_KERAS=1
     chief = tfdist.detect_cluster().is_chief
     if chief:
-        print(f"{type(strategy).__name__}: {strategy.num_replicas_in_sync} replicas in sync, "
-              f"files under {FLAGS.model_dir}", flush=True)
+        print(
+            f"{type(strategy).__name__}: {strategy.num_replicas_in_sync} replicas in sync, "
+            f"files under {FLAGS.model_dir}",
+            flush=True,
+        )
 
     (x_train, y_train), (x_test, y_test) = digits.load()
-    train = (tf.data.Dataset.from_tensor_slices((x_train, y_train))
-             .shuffle(len(x_train), seed=0).batch(FLAGS.global_batch_size))
+    train = (
+        tf.data.Dataset.from_tensor_slices((x_train, y_train))
+        .shuffle(len(x_train), seed=0)
+        .batch(FLAGS.global_batch_size)
+    )
     test = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(FLAGS.global_batch_size)
 
     with strategy.scope():
         model = digits.dense_model()
-        model.compile(optimizer=keras.optimizers.Adam(FLAGS.learning_rate),
-                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        model.compile(
+            optimizer=keras.optimizers.Adam(FLAGS.learning_rate),
+            loss="sparse_categorical_crossentropy",
+            metrics=["accuracy"],
+        )
     callbacks = [
         keras.callbacks.BackupAndRestore(os.path.join(FLAGS.model_dir, "backup")),
         keras.callbacks.ModelCheckpoint(
-            os.path.join(FLAGS.model_dir, "epoch{epoch:02d}.weights.h5"),
-            save_weights_only=True),
+            os.path.join(FLAGS.model_dir, "epoch{epoch:02d}.weights.h5"), save_weights_only=True
+        ),
     ]
-    model.fit(train, epochs=FLAGS.epochs, callbacks=callbacks,
-              shuffle=False)  # the dataset shuffles itself (Keras 3 warns about shuffle=True)
+    model.fit(
+        train, epochs=FLAGS.epochs, callbacks=callbacks, shuffle=False
+    )  # the dataset shuffles itself (Keras 3 warns about shuffle=True)
     loss, accuracy = model.evaluate(test, verbose=0)  # every worker takes part
 
     if chief:
         print(f"in {FLAGS.model_dir}: {', '.join(sorted(os.listdir(FLAGS.model_dir)))}")
-        print(f"{type(strategy).__name__}: held-out accuracy {accuracy:.3f} (chance 0.100), "
-              f"loss {loss:.3f}", flush=True)
+        print(
+            f"{type(strategy).__name__}: held-out accuracy {accuracy:.3f} (chance 0.100), "
+            f"loss {loss:.3f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ mirrored.py, multi_worker.py, parameter_server.py, mixed_precision.py.
 
 import os
 
+import digits
 from absl import app, flags
 
-import digits
 import tfdist
 
 FLAGS = flags.FLAGS
@@ -26,11 +26,15 @@ digits.define_flags(epochs=8)  # --epochs, --global_batch_size, --learning_rate
 flags.DEFINE_string("strategy", "auto", "tfdist strategy name (auto picks from the cluster).")
 flags.DEFINE_integer("virtual_cpus", 0, "Split the CPU into this many logical devices.")
 flags.DEFINE_string("precision", "float32", "Keras policy name, or auto.")
-flags.DEFINE_integer("embedding_shards", 0,
-                     "parameter_server: shard the pixel embedding over the ps tasks when > 0 "
-                     "(a partitioner with this many shards at most).")
-flags.DEFINE_string("model_dir", "", "Where the chief saves the trained weights "
-                    "(digits.weights.h5).")
+flags.DEFINE_integer(
+    "embedding_shards",
+    0,
+    "parameter_server: shard the pixel embedding over the ps tasks when > 0 "
+    "(a partitioner with this many shards at most).",
+)
+flags.DEFINE_string(
+    "model_dir", "", "Where the chief saves the trained weights (digits.weights.h5)."
+)
 
 
 def build_model():
@@ -38,8 +42,11 @@ def build_model():
 
     keras = tf.keras  # Keras 3, or tf_keras with TF_USE_LEGACY_KERAS=1
     model = digits.embedding_model()  # its Embedding table: what --embedding_shards shards
-    model.compile(optimizer=keras.optimizers.Adam(FLAGS.learning_rate),
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.compile(
+        optimizer=keras.optimizers.Adam(FLAGS.learning_rate),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
     return model
 
 
@@ -55,14 +62,27 @@ def main(argv):
     spec = tfdist.detect_cluster()
     (x_train, y_train), (x_test, y_test) = digits.load()
     # an epoch: one pass over the examples, on every strategy (steps_per_epoch= changes it)
-    history = tfdist.fit(build_model, (x_train, y_train), strategy=strategy,
-                         epochs=FLAGS.epochs, global_batch_size=FLAGS.global_batch_size,
-                         shuffle=True, seed=0)
-    results = tfdist.evaluate(history.model, (x_test, y_test), strategy=strategy,
-                              global_batch_size=FLAGS.global_batch_size)
+    history = tfdist.fit(
+        build_model,
+        (x_train, y_train),
+        strategy=strategy,
+        epochs=FLAGS.epochs,
+        global_batch_size=FLAGS.global_batch_size,
+        shuffle=True,
+        seed=0,
+    )
+    results = tfdist.evaluate(
+        history.model,
+        (x_test, y_test),
+        strategy=strategy,
+        global_batch_size=FLAGS.global_batch_size,
+    )
     if spec.is_chief:
-        print(f"{type(strategy).__name__}: held-out accuracy {results['accuracy']:.3f} "
-              f"(chance 0.100), loss {results['loss']:.3f}", flush=True)
+        print(
+            f"{type(strategy).__name__}: held-out accuracy {results['accuracy']:.3f} "
+            f"(chance 0.100), loss {results['loss']:.3f}",
+            flush=True,
+        )
         if FLAGS.model_dir:
             os.makedirs(FLAGS.model_dir, exist_ok=True)
             path = os.path.join(FLAGS.model_dir, "digits.weights.h5")

@@ -32,8 +32,9 @@ def digest(model) -> str:
 def regression_data(n=101, features=4, seed=0):
     rng = np.random.RandomState(seed)
     x = rng.rand(n, features).astype("float32")
-    y = (x @ np.arange(1, features + 1, dtype="float32")[:, None] / features
-         + 0.1).astype("float32")
+    y = (x @ np.arange(1, features + 1, dtype="float32")[:, None] / features + 0.1).astype(
+        "float32"
+    )
     return x, y
 
 
@@ -45,10 +46,15 @@ def mlp(strategy, features=4, optimizer=None, seed=1, **compile_kwargs):
     k = keras()
     k.utils.set_random_seed(seed)
     with strategy.scope():
-        model = k.Sequential([k.Input((features,)), k.layers.Dense(8, activation="relu"),
-                              k.layers.Dense(1)])
-        model.compile(optimizer=optimizer() if optimizer else k.optimizers.SGD(0.05),
-                      loss="mse", metrics=["mae"], **compile_kwargs)
+        model = k.Sequential(
+            [k.Input((features,)), k.layers.Dense(8, activation="relu"), k.layers.Dense(1)]
+        )
+        model.compile(
+            optimizer=optimizer() if optimizer else k.optimizers.SGD(0.05),
+            loss="mse",
+            metrics=["mae"],
+            **compile_kwargs,
+        )
     return model
 
 
@@ -67,8 +73,9 @@ def validation_split_uneven(strategy):
     """fit(x, y, validation_split=0.1): 101 examples, batch 10, last batches uneven."""
     x, y = regression_data(101)
     model = mlp(strategy)
-    history = model.fit(x, y, batch_size=10, epochs=3, validation_split=0.1, shuffle=False,
-                        verbose=0)
+    history = model.fit(
+        x, y, batch_size=10, epochs=3, validation_split=0.1, shuffle=False, verbose=0
+    )
     return {"loss": history.history["loss"], "val_loss": history.history["val_loss"]}
 
 
@@ -79,8 +86,11 @@ def uneven_batches(strategy):
     data = tf_.data.Dataset.from_tensor_slices((x, y)).batch(7)
     model = mlp(strategy)
     history = model.fit(data, epochs=3, verbose=0)
-    return {"loss": history.history["loss"], "evaluate": model.evaluate(data, verbose=0),
-            "predict_shape": list(np.asarray(model.predict(data, verbose=0)).shape)}
+    return {
+        "loss": history.history["loss"],
+        "evaluate": model.evaluate(data, verbose=0),
+        "predict_shape": list(np.asarray(model.predict(data, verbose=0)).shape),
+    }
 
 
 def matches_one_device(strategy, batch_size=8, epochs=2):
@@ -93,11 +103,15 @@ def matches_one_device(strategy, batch_size=8, epochs=2):
         model = mlp(s)
         history = model.fit(data, epochs=epochs, verbose=0)
         results[name] = {"weights": weights(model), "loss": history.history["loss"]}
-    return {"loss": results["strategy"]["loss"],
-            "max_weight_difference": max_difference(results["strategy"]["weights"],
-                                                    results["one_device"]["weights"]),
-            "moved": max_difference(results["strategy"]["weights"],
-                                    weights(mlp(tf_.distribute.get_strategy())))}
+    return {
+        "loss": results["strategy"]["loss"],
+        "max_weight_difference": max_difference(
+            results["strategy"]["weights"], results["one_device"]["weights"]
+        ),
+        "moved": max_difference(
+            results["strategy"]["weights"], weights(mlp(tf_.distribute.get_strategy()))
+        ),
+    }
 
 
 def string_inputs(strategy):
@@ -115,8 +129,11 @@ def string_inputs(strategy):
         model.compile(k.optimizers.Adam(0.05), "binary_crossentropy", metrics=["accuracy"])
     history = model.fit(data, epochs=8, verbose=0)
     predictions = model.predict(tf_.constant(["red", "blue"]), verbose=0)
-    return {"loss": history.history["loss"], "accuracy": history.history["accuracy"][-1],
-            "predictions": np.asarray(predictions).ravel().tolist()}
+    return {
+        "loss": history.history["loss"],
+        "accuracy": history.history["accuracy"][-1],
+        "predictions": np.asarray(predictions).ravel().tolist(),
+    }
 
 
 def steps_per_execution(strategy):
@@ -126,15 +143,21 @@ def steps_per_execution(strategy):
     for spe in (1, 3):
         model = mlp(strategy, steps_per_execution=spe)
         history = model.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0)
-        results[spe] = {"weights": weights(model), "loss": history.history["loss"],
-                        "iterations": int(model.optimizer.iterations.numpy()),
-                        "evaluate": model.evaluate(x, y, batch_size=10, verbose=0)}
-    return {"iterations": results[3]["iterations"], "loss": results[3]["loss"],
-            "max_weight_difference": max_difference(results[1]["weights"],
-                                                    results[3]["weights"]),
-            "max_log_difference": max_difference(
-                [results[1]["loss"], results[1]["evaluate"]],
-                [results[3]["loss"], results[3]["evaluate"]])}
+        results[spe] = {
+            "weights": weights(model),
+            "loss": history.history["loss"],
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "evaluate": model.evaluate(x, y, batch_size=10, verbose=0),
+        }
+    return {
+        "iterations": results[3]["iterations"],
+        "loss": results[3]["loss"],
+        "max_weight_difference": max_difference(results[1]["weights"], results[3]["weights"]),
+        "max_log_difference": max_difference(
+            [results[1]["loss"], results[1]["evaluate"]],
+            [results[3]["loss"], results[3]["evaluate"]],
+        ),
+    }
 
 
 def gradient_accumulation(strategy):
@@ -146,13 +169,19 @@ def gradient_accumulation(strategy):
     for name, s in (("strategy", strategy), ("one_device", tf_.distribute.get_strategy())):
         model = mlp(s, optimizer=lambda: k.optimizers.Adam(0.01, gradient_accumulation_steps=2))
         model.fit(data, epochs=1, verbose=0)
-        results[name] = {"weights": weights(model),
-                         "iterations": int(model.optimizer.iterations.numpy())}
-    return {"iterations": results["strategy"]["iterations"],
-            "max_weight_difference": max_difference(results["strategy"]["weights"],
-                                                    results["one_device"]["weights"]),
-            "moved": max_difference(results["strategy"]["weights"],
-                                    weights(mlp(tf_.distribute.get_strategy())))}
+        results[name] = {
+            "weights": weights(model),
+            "iterations": int(model.optimizer.iterations.numpy()),
+        }
+    return {
+        "iterations": results["strategy"]["iterations"],
+        "max_weight_difference": max_difference(
+            results["strategy"]["weights"], results["one_device"]["weights"]
+        ),
+        "moved": max_difference(
+            results["strategy"]["weights"], weights(mlp(tf_.distribute.get_strategy()))
+        ),
+    }
 
 
 def dropout_masks(strategy):
@@ -172,8 +201,12 @@ def dropout_masks(strategy):
 
     first, again = masks(7), masks(7)
     digests = [hashlib.md5(np.asarray(m).tobytes()).hexdigest() for m in first]
-    return {"replicas": len(first), "distinct_masks": len(set(digests)),
-            "reproducible": first == again, "digests": digests}
+    return {
+        "replicas": len(first),
+        "distinct_masks": len(set(digests)),
+        "reproducible": first == again,
+        "digests": digests,
+    }
 
 
 def embedding_and_jit(strategy):
@@ -189,16 +222,22 @@ def embedding_and_jit(strategy):
     for jit in (False, True):
         k.utils.set_random_seed(3)
         with strategy.scope():
-            model = k.Sequential([k.Input((5,), dtype="int32"), k.layers.Embedding(50, 8),
-                                  k.layers.GlobalAveragePooling1D(),
-                                  k.layers.Dense(1, activation="sigmoid")])
+            model = k.Sequential(
+                [
+                    k.Input((5,), dtype="int32"),
+                    k.layers.Embedding(50, 8),
+                    k.layers.GlobalAveragePooling1D(),
+                    k.layers.Dense(1, activation="sigmoid"),
+                ]
+            )
             model.compile(k.optimizers.SGD(0.5), "binary_crossentropy", jit_compile=jit)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             history = model.fit(data, epochs=4, verbose=0)
-        results[f"jit_{jit}"] = {"loss": history.history["loss"],
-                                 "warnings": [str(w.message) for w in caught
-                                              if "jit_compile" in str(w.message)]}
+        results[f"jit_{jit}"] = {
+            "loss": history.history["loss"],
+            "warnings": [str(w.message) for w in caught if "jit_compile" in str(w.message)],
+        }
     return results
 
 
@@ -214,8 +253,9 @@ def fit_evaluate_predict(strategy):
     results["evaluate"] = model.evaluate(data, verbose=0)
     predictions = model.predict(tf_.data.Dataset.from_tensor_slices(x).batch(16), verbose=0)
     results["predict_shape"] = list(np.asarray(predictions).shape)
-    results["predict_matches_call"] = float(np.max(np.abs(
-        np.asarray(predictions) - np.asarray(model(x)))))
+    results["predict_matches_call"] = float(
+        np.max(np.abs(np.asarray(predictions) - np.asarray(model(x))))
+    )
     results["xy_weights"] = digest(model)
     weighted = mlp(strategy)
     data_w = tf_.data.Dataset.from_tensor_slices((x, y, sample_weight)).batch(16)
@@ -257,8 +297,13 @@ def loss_scale_disagreement(strategy):
     try:
         k.utils.set_random_seed(0)
         with strategy.scope():
-            model = k.Sequential([k.Input((4,)), k.layers.Dense(16, activation="relu"),
-                                  k.layers.Dense(1, dtype="float32")])
+            model = k.Sequential(
+                [
+                    k.Input((4,)),
+                    k.layers.Dense(16, activation="relu"),
+                    k.layers.Dense(1, dtype="float32"),
+                ]
+            )
             model.compile(k.optimizers.SGD(0.01), "mse")
         model.fit(tf_.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=1, verbose=0)
     finally:
@@ -273,8 +318,10 @@ def run_all(strategy, names):
         try:
             results[name] = {"ok": globals()[name](strategy)}
         except Exception as err:  # recorded: the tests assert on the upstream error text
-            results[name] = {"error": f"{type(err).__name__}: {err}",
-                             "where": traceback.format_exc(limit=-3)}
+            results[name] = {
+                "error": f"{type(err).__name__}: {err}",
+                "where": traceback.format_exc(limit=-3),
+            }
     return results
 
 
@@ -288,14 +335,32 @@ def progress_bar(strategy):
     return {}
 
 
-MIRRORED = ["validation_split_uneven", "uneven_batches", "matches_one_device", "string_inputs",
-            "steps_per_execution", "gradient_accumulation", "dropout_masks", "embedding_and_jit",
-            "fit_evaluate_predict", "optimizer_made_outside_the_scope",
-            "loss_scale_disagreement"]
-MULTI_WORKER = ["fit_evaluate_predict", "matches_one_device", "gradient_accumulation",
-                "steps_per_execution", "dropout_masks", "progress_bar"]
-NOT_IN_TF_KERAS = {"gradient_accumulation", "optimizer_made_outside_the_scope",
-                   "loss_scale_disagreement"}
+MIRRORED = [
+    "validation_split_uneven",
+    "uneven_batches",
+    "matches_one_device",
+    "string_inputs",
+    "steps_per_execution",
+    "gradient_accumulation",
+    "dropout_masks",
+    "embedding_and_jit",
+    "fit_evaluate_predict",
+    "optimizer_made_outside_the_scope",
+    "loss_scale_disagreement",
+]
+MULTI_WORKER = [
+    "fit_evaluate_predict",
+    "matches_one_device",
+    "gradient_accumulation",
+    "steps_per_execution",
+    "dropout_masks",
+    "progress_bar",
+]
+NOT_IN_TF_KERAS = {
+    "gradient_accumulation",
+    "optimizer_made_outside_the_scope",
+    "loss_scale_disagreement",
+}
 
 
 def in_subprocess_mirrored(names, cpus=4):
@@ -312,8 +377,11 @@ def in_multi_worker(names):
     import tfdist
 
     strategy = tfdist.make_strategy()
-    return {"strategy": type(strategy).__name__, "replicas": strategy.num_replicas_in_sync,
-            "results": run_all(strategy, names)}
+    return {
+        "strategy": type(strategy).__name__,
+        "replicas": strategy.num_replicas_in_sync,
+        "results": run_all(strategy, names),
+    }
 
 
 class _Interrupt(Exception):
@@ -346,13 +414,19 @@ def backup_and_restore(directory, interrupt_after_epoch=None, epochs=4):
                 raise _Interrupt(f"interrupted after epoch {epoch}")
 
     model = mlp(strategy)
-    callbacks = [k.callbacks.BackupAndRestore(os.path.join(directory, "backup")),
-                 k.callbacks.ModelCheckpoint(os.path.join(directory, "epoch{epoch}.weights.h5"),
-                                             save_weights_only=True),
-                 Record()]
+    callbacks = [
+        k.callbacks.BackupAndRestore(os.path.join(directory, "backup")),
+        k.callbacks.ModelCheckpoint(
+            os.path.join(directory, "epoch{epoch}.weights.h5"), save_weights_only=True
+        ),
+        Record(),
+    ]
     history = model.fit(data, epochs=epochs, callbacks=callbacks, verbose=0)
     reference = mlp(strategy)
     reference.fit(data, epochs=epochs, verbose=0)
-    return {"trained_epochs": trained, "history_epochs": history.epoch,
-            "max_weight_difference": max_difference(weights(model), weights(reference)),
-            "chief": strategy.extended.should_checkpoint}
+    return {
+        "trained_epochs": trained,
+        "history_epochs": history.epoch,
+        "max_weight_difference": max_difference(weights(model), weights(reference)),
+        "chief": strategy.extended.should_checkpoint,
+    }

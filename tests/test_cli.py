@@ -21,8 +21,7 @@ TIMEOUT = 120
 
 def _tfdist_command():
     """The installed console script next to this interpreter (else on PATH)."""
-    path = (shutil.which("tfdist", path=os.path.dirname(sys.executable))
-            or shutil.which("tfdist"))
+    path = shutil.which("tfdist", path=os.path.dirname(sys.executable)) or shutil.which("tfdist")
     if path is None:
         pytest.skip("the `tfdist` console script is not installed")
     return [path]
@@ -36,17 +35,25 @@ LAUNCHERS = {
 
 def _child_env(**extra):
     """os.environ without any cluster description, TF logs quiet, plus `extra`."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS", "CUDA_VISIBLE_DEVICES")
-           and not k.startswith(("SLURM_", "TFDIST_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS", "CUDA_VISIBLE_DEVICES")
+        and not k.startswith(("SLURM_", "TFDIST_"))
+    }
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env.update(extra)
     return env
 
 
 def _run(launcher, args, **env):
-    return subprocess.run(LAUNCHERS[launcher]() + list(args), env=_child_env(**env),
-                          capture_output=True, text=True, timeout=TIMEOUT)
+    return subprocess.run(
+        LAUNCHERS[launcher]() + list(args),
+        env=_child_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
 
 
 def _parse_export(stdout):
@@ -78,22 +85,63 @@ SPEC = ClusterSpec.from_hosts(workers=["h1:2222", "h2:2222"], ps=["h3:2222"])
 CHIEF_SPEC = ClusterSpec.from_hosts(workers=["w1:1"], chief="c:1", task_type="chief")
 
 
-@pytest.mark.parametrize("argv, spec, tasks", [
-    pytest.param(["tf-config", "--worker", "h1:2222,h2:2222", "--ps", "h3:2222"],
-                 SPEC, [("worker", 0)], id="default-task-worker0"),
-    pytest.param(["tf-config", "--worker", "h1:2222", "--worker", "h2:2222", "--ps", "h3:2222",
-                  "--task", "worker:1"], SPEC, [("worker", 1)], id="repeated-flags"),
-    pytest.param(["tf-config", "--worker", "h1:2222,h2:2222", "--ps", "h3:2222", "--task",
-                  "ps:0"], SPEC, [("ps", 0)], id="ps-task"),
-    pytest.param(["tf-config", "--worker", "h1:2222,h2:2222", "--ps", "h3:2222", "--all"],
-                 SPEC, [("worker", 0), ("worker", 1), ("ps", 0)], id="all"),
-    pytest.param(["tf_config", "--worker", "h1:2222,h2:2222", "--ps=h3:2222", "--all"],
-                 SPEC, [("worker", 0), ("worker", 1), ("ps", 0)], id="underscore-alias"),
-    pytest.param(["tf-config", "--chief", "c:1", "--worker", "w1:1"],
-                 CHIEF_SPEC, [("chief", 0)], id="default-task-chief"),
-    pytest.param(["tf-config", "--chief", "c:1", "--worker", "w1:1", "--all"],
-                 CHIEF_SPEC, [("chief", 0), ("worker", 0)], id="chief-all"),
-])
+@pytest.mark.parametrize(
+    "argv, spec, tasks",
+    [
+        pytest.param(
+            ["tf-config", "--worker", "h1:2222,h2:2222", "--ps", "h3:2222"],
+            SPEC,
+            [("worker", 0)],
+            id="default-task-worker0",
+        ),
+        pytest.param(
+            [
+                "tf-config",
+                "--worker",
+                "h1:2222",
+                "--worker",
+                "h2:2222",
+                "--ps",
+                "h3:2222",
+                "--task",
+                "worker:1",
+            ],
+            SPEC,
+            [("worker", 1)],
+            id="repeated-flags",
+        ),
+        pytest.param(
+            ["tf-config", "--worker", "h1:2222,h2:2222", "--ps", "h3:2222", "--task", "ps:0"],
+            SPEC,
+            [("ps", 0)],
+            id="ps-task",
+        ),
+        pytest.param(
+            ["tf-config", "--worker", "h1:2222,h2:2222", "--ps", "h3:2222", "--all"],
+            SPEC,
+            [("worker", 0), ("worker", 1), ("ps", 0)],
+            id="all",
+        ),
+        pytest.param(
+            ["tf_config", "--worker", "h1:2222,h2:2222", "--ps=h3:2222", "--all"],
+            SPEC,
+            [("worker", 0), ("worker", 1), ("ps", 0)],
+            id="underscore-alias",
+        ),
+        pytest.param(
+            ["tf-config", "--chief", "c:1", "--worker", "w1:1"],
+            CHIEF_SPEC,
+            [("chief", 0)],
+            id="default-task-chief",
+        ),
+        pytest.param(
+            ["tf-config", "--chief", "c:1", "--worker", "w1:1", "--all"],
+            CHIEF_SPEC,
+            [("chief", 0), ("worker", 0)],
+            id="chief-all",
+        ),
+    ],
+)
 @pytest.mark.parametrize("fmt", ["json", "export"])
 def test_tf_config_in_process(capsys, argv, spec, tasks, fmt):
     assert main(argv + ["--format", fmt]) == 0
@@ -120,23 +168,35 @@ def test_tf_config_reads_the_environment_without_flags(monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out) == spec.to_tf_config()
     assert main(["tf-config", "--all"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [json.loads(line) for line in lines] == [spec.to_tf_config("worker", i)
-                                                     for i in range(3)]
+    assert [json.loads(line) for line in lines] == [
+        spec.to_tf_config("worker", i) for i in range(3)
+    ]
 
 
-@pytest.mark.parametrize("argv, message", [
-    pytest.param(["--worker", "h1"], "'h1' is not a 'host:port' address", id="no-port"),
-    pytest.param(["--worker", "h1:0"], "port '0' in 'h1:0'", id="port-0"),
-    pytest.param(["--worker", "h1:2222", "--task", "worker:5"],
-                 "Task worker:5 is not in the cluster", id="task-out-of-range"),
-    pytest.param(["--worker", "h1:2222", "--task", "master:0"],
-                 "Task type 'master' is not a job", id="task-type-not-in-cluster"),
-    pytest.param(["--ps", "h3:2222"], "A 'ps' job (['h3:2222']) needs a 'worker' job",
-                 id="ps-only"),
-    pytest.param(["--worker", "h1:2222,h1:2222"], "Address 'h1:2222' is used twice",
-                 id="duplicate"),
-    pytest.param([], "No cluster: give its tasks", id="no-cluster"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        pytest.param(["--worker", "h1"], "'h1' is not a 'host:port' address", id="no-port"),
+        pytest.param(["--worker", "h1:0"], "port '0' in 'h1:0'", id="port-0"),
+        pytest.param(
+            ["--worker", "h1:2222", "--task", "worker:5"],
+            "Task worker:5 is not in the cluster",
+            id="task-out-of-range",
+        ),
+        pytest.param(
+            ["--worker", "h1:2222", "--task", "master:0"],
+            "Task type 'master' is not a job",
+            id="task-type-not-in-cluster",
+        ),
+        pytest.param(
+            ["--ps", "h3:2222"], "A 'ps' job (['h3:2222']) needs a 'worker' job", id="ps-only"
+        ),
+        pytest.param(
+            ["--worker", "h1:2222,h1:2222"], "Address 'h1:2222' is used twice", id="duplicate"
+        ),
+        pytest.param([], "No cluster: give its tasks", id="no-cluster"),
+    ],
+)
 def test_tf_config_errors_in_process(monkeypatch, capsys, argv, message):
     _clear_cluster_env(monkeypatch)
     assert main(["tf-config"] + argv) == 2
@@ -153,18 +213,33 @@ def test_tf_config_invalid_tf_config_in_environment(monkeypatch, capsys):
     assert "TF_CONFIG is not valid JSON" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, message", [
-    pytest.param(["tf-config", "--worker", "h:1", "--task", "worker"],
-                 "'worker' is not a task like 'worker:0'", id="task-without-index"),
-    pytest.param(["tf-config", "--worker", "h:1", "--task", "worker:x"],
-                 "'worker:x' is not a task like", id="task-bad-index"),
-    pytest.param(["tf-config", "--worker", "h:1", "--task", "worker:0", "--all"],
-                 "not allowed with argument", id="task-and-all"),
-    pytest.param(["tf-config", "--worker", "h:1", "--format", "yaml"],
-                 "invalid choice: 'yaml'", id="bad-format"),
-    pytest.param([], "required", id="no-command"),
-    pytest.param(["frobnicate"], "invalid choice: 'frobnicate'", id="unknown-command"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        pytest.param(
+            ["tf-config", "--worker", "h:1", "--task", "worker"],
+            "'worker' is not a task like 'worker:0'",
+            id="task-without-index",
+        ),
+        pytest.param(
+            ["tf-config", "--worker", "h:1", "--task", "worker:x"],
+            "'worker:x' is not a task like",
+            id="task-bad-index",
+        ),
+        pytest.param(
+            ["tf-config", "--worker", "h:1", "--task", "worker:0", "--all"],
+            "not allowed with argument",
+            id="task-and-all",
+        ),
+        pytest.param(
+            ["tf-config", "--worker", "h:1", "--format", "yaml"],
+            "invalid choice: 'yaml'",
+            id="bad-format",
+        ),
+        pytest.param([], "required", id="no-command"),
+        pytest.param(["frobnicate"], "invalid choice: 'frobnicate'", id="unknown-command"),
+    ],
+)
 def test_usage_errors_exit_2(capsys, argv, message):
     with pytest.raises(SystemExit) as excinfo:
         main(argv)
@@ -174,10 +249,22 @@ def test_usage_errors_exit_2(capsys, argv, message):
 
 # ------------------------------------------------------------ tf-config, real processes
 
+
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_tf_config_all_export_subprocess(launcher):
-    result = _run(launcher, ["tf-config", "--worker", "h1:2222,h2:2222", "--ps", "h3:2222",
-                             "--all", "--format", "export"])
+    result = _run(
+        launcher,
+        [
+            "tf-config",
+            "--worker",
+            "h1:2222,h2:2222",
+            "--ps",
+            "h3:2222",
+            "--all",
+            "--format",
+            "export",
+        ],
+    )
     assert result.returncode == 0, result.stderr
     entries = _parse_export(result.stdout)
     tasks = [("worker", 0), ("worker", 1), ("ps", 0)]
@@ -186,8 +273,10 @@ def test_tf_config_all_export_subprocess(launcher):
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_tf_config_task_json_subprocess(launcher):
-    result = _run(launcher, ["tf-config", "--worker", "h1:2222,h2:2222", "--ps", "h3:2222",
-                             "--task", "worker:1"])
+    result = _run(
+        launcher,
+        ["tf-config", "--worker", "h1:2222,h2:2222", "--ps", "h3:2222", "--task", "worker:1"],
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("\n") == 1
     config = json.loads(result.stdout)
@@ -210,11 +299,28 @@ def test_exported_tf_config_survives_a_shell():
     sh = shutil.which("sh")
     if sh is None:
         pytest.skip("no POSIX shell")
-    result = _run("console-script", ["tf-config", "--worker", "h1:2222,h2:2222", "--ps",
-                                     "h3:2222", "--task", "ps:0", "--format", "export"])
+    result = _run(
+        "console-script",
+        [
+            "tf-config",
+            "--worker",
+            "h1:2222,h2:2222",
+            "--ps",
+            "h3:2222",
+            "--task",
+            "ps:0",
+            "--format",
+            "export",
+        ],
+    )
     assert result.returncode == 0, result.stderr
-    shell = subprocess.run([sh, "-c", result.stdout + 'printf "%s" "$TF_CONFIG"'],
-                           env=_child_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    shell = subprocess.run(
+        [sh, "-c", result.stdout + 'printf "%s" "$TF_CONFIG"'],
+        env=_child_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert shell.returncode == 0, shell.stderr
     assert json.loads(shell.stdout) == SPEC.to_tf_config("ps", 0)
 
@@ -229,9 +335,12 @@ def env_reports():
     """`tfdist env --json` with a 2-worker TF_CONFIG and with no cluster, run concurrently."""
     command = _tfdist_command() + ["env", "--json"]
     envs = {"tf_config": _child_env(TF_CONFIG=ENV_SPEC.to_json()), "none": _child_env()}
-    procs = {name: subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
-             for name, env in envs.items()}
+    procs = {
+        name: subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for name, env in envs.items()
+    }
     results = {}
     try:
         for name, proc in procs.items():

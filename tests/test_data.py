@@ -10,15 +10,21 @@ import tensorflow as tf
 
 import tfdist
 from tfdist import data as tfdata
-from tfdist.data import (dataset_fn_for, distribute_dataset, per_replica_batch_size,
-                         scale_learning_rate, shard_policy)
+from tfdist.data import (
+    dataset_fn_for,
+    distribute_dataset,
+    per_replica_batch_size,
+    scale_learning_rate,
+    shard_policy,
+)
 
 SINGLE = tfdist.ClusterSpec({})
 
 
 def context(pipelines=1, index=0, replicas=1):
-    return tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=index,
-                                      num_replicas_in_sync=replicas)
+    return tf.distribute.InputContext(
+        num_input_pipelines=pipelines, input_pipeline_id=index, num_replicas_in_sync=replicas
+    )
 
 
 def batches(dataset, key=None):
@@ -60,24 +66,43 @@ def parse(record):
 # ------------------------------------------------------------------------- batch sizes
 
 
-@pytest.mark.parametrize("global_batch, replicas, expected", [
-    (32, 4, 8), (8, 8, 1), (7, 1, 7), (64, 2, 32)])
+@pytest.mark.parametrize(
+    "global_batch, replicas, expected", [(32, 4, 8), (8, 8, 1), (7, 1, 7), (64, 2, 32)]
+)
 def test_per_replica_batch_size(global_batch, replicas, expected):
     assert per_replica_batch_size(global_batch, replicas) == expected
 
 
-@pytest.mark.parametrize("global_batch, replicas, error, match", [
-    (30, 4, ValueError, r"global_batch_size=30 is not divisible by the 4 replicas in sync.*"
-                        r"HINT: use a multiple of 4, e\.g\. global_batch_size=28 \(per-replica "
-                        r"batch 7\) or 32 \(per-replica batch 8\)\."),
-    (3, 4, ValueError, r"global_batch_size=3 is not divisible by the 4 replicas.*"
-                       r"e\.g\. global_batch_size=4 \(per-replica batch 1\)\.$"),
-    (0, 4, ValueError, r"global_batch_size must be >= 1\. Received: global_batch_size=0"),
-    (32, 0, ValueError, r"num_replicas must be >= 1"),
-    (32.0, 4, TypeError, r"global_batch_size must be an int\. Received: global_batch_size=32\.0 "
-                         r"\(of type float\)"),
-    (True, 4, TypeError, r"must be an int"),
-])
+@pytest.mark.parametrize(
+    "global_batch, replicas, error, match",
+    [
+        (
+            30,
+            4,
+            ValueError,
+            r"global_batch_size=30 is not divisible by the 4 replicas in sync.*"
+            r"HINT: use a multiple of 4, e\.g\. global_batch_size=28 \(per-replica "
+            r"batch 7\) or 32 \(per-replica batch 8\)\.",
+        ),
+        (
+            3,
+            4,
+            ValueError,
+            r"global_batch_size=3 is not divisible by the 4 replicas.*"
+            r"e\.g\. global_batch_size=4 \(per-replica batch 1\)\.$",
+        ),
+        (0, 4, ValueError, r"global_batch_size must be >= 1\. Received: global_batch_size=0"),
+        (32, 0, ValueError, r"num_replicas must be >= 1"),
+        (
+            32.0,
+            4,
+            TypeError,
+            r"global_batch_size must be an int\. Received: global_batch_size=32\.0 "
+            r"\(of type float\)",
+        ),
+        (True, 4, TypeError, r"must be an int"),
+    ],
+)
 def test_per_replica_batch_size_refuses_bad_values(global_batch, replicas, error, match):
     with pytest.raises(error, match=match):
         per_replica_batch_size(global_batch, replicas)
@@ -93,35 +118,60 @@ def test_arrays_are_sliced_per_pipeline_and_batched_per_replica():
     # pipeline 1 of 2, 2 replicas in sync: examples 1, 3, 5, 7, 9 in batches of 2
     assert batches(fn(context(2, 1, 2)), key=lambda e: e[1]) == [[1, 3], [5, 7], [9]]
     assert batches(fn(context(2, 0, 2)), key=lambda e: e[1]) == [[0, 2], [4, 6], [8]]
-    assert batches(fn(context(1, 0, 4)), key=lambda e: e[1]) == [[0], [1], [2], [3], [4],
-                                                                 [5], [6], [7], [8], [9]]
+    assert batches(fn(context(1, 0, 4)), key=lambda e: e[1]) == [
+        [0],
+        [1],
+        [2],
+        [3],
+        [4],
+        [5],
+        [6],
+        [7],
+        [8],
+        [9],
+    ]
     first = next(iter(fn(context(2, 1, 2))))
     assert first[0].numpy().tolist() == [[2.0, 3.0], [6.0, 7.0]]
 
 
-@pytest.mark.parametrize("data, check", [
-    (np.arange(6), lambda e: e.shape == (2,)),
-    ((np.arange(6), np.arange(6) * 2, np.ones(6)), lambda e: len(e) == 3),
-    ({"a": np.arange(6), "b": np.zeros((6, 3))}, lambda e: e["b"].shape == (2, 3)),
-    (((np.arange(6), np.arange(6)), np.arange(6)), lambda e: len(e[0]) == 2),
-    ([np.arange(6), np.arange(6)], lambda e: isinstance(e, tuple) and len(e) == 2),
-    (({"x": [[1.0]] * 6}, [0] * 6), lambda e: e[0]["x"].shape == (2, 1)),
-])
+@pytest.mark.parametrize(
+    "data, check",
+    [
+        (np.arange(6), lambda e: e.shape == (2,)),
+        ((np.arange(6), np.arange(6) * 2, np.ones(6)), lambda e: len(e) == 3),
+        ({"a": np.arange(6), "b": np.zeros((6, 3))}, lambda e: e["b"].shape == (2, 3)),
+        (((np.arange(6), np.arange(6)), np.arange(6)), lambda e: len(e[0]) == 2),
+        ([np.arange(6), np.arange(6)], lambda e: isinstance(e, tuple) and len(e) == 2),
+        (({"x": [[1.0]] * 6}, [0] * 6), lambda e: e[0]["x"].shape == (2, 1)),
+    ],
+)
 def test_array_structures(data, check):
     element = next(iter(dataset_fn_for(data, 2)(context())))
     assert check(element)
 
 
-@pytest.mark.parametrize("data, global_batch, error, match", [
-    ((np.arange(6), np.arange(5)), 2, ValueError,
-     r"different numbers of examples: \(6, 5\)\. HINT: every array needs the same first"),
-    ((np.arange(2),) * 4, 2, ValueError, r"\(x,\), \(x, y\) or \(x, y, sample_weight\)\. "
-                                         r"Received a tuple of 4 items"),
-    (np.arange(6), None, ValueError, r"global_batch_size is required with arrays"),
-    ("train.csv", 2, TypeError, r"data is 'train.csv'\. HINT: data is a tf\.data\.Dataset"),
-    (np.float32(3.0), 2, ValueError, r"is a scalar"),
-    (np.arange(6), 0, ValueError, r"global_batch_size must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "data, global_batch, error, match",
+    [
+        (
+            (np.arange(6), np.arange(5)),
+            2,
+            ValueError,
+            r"different numbers of examples: \(6, 5\)\. HINT: every array needs the same first",
+        ),
+        (
+            (np.arange(2),) * 4,
+            2,
+            ValueError,
+            r"\(x,\), \(x, y\) or \(x, y, sample_weight\)\. "
+            r"Received a tuple of 4 items",
+        ),
+        (np.arange(6), None, ValueError, r"global_batch_size is required with arrays"),
+        ("train.csv", 2, TypeError, r"data is 'train.csv'\. HINT: data is a tf\.data\.Dataset"),
+        (np.float32(3.0), 2, ValueError, r"is a scalar"),
+        (np.arange(6), 0, ValueError, r"global_batch_size must be >= 1"),
+    ],
+)
 def test_bad_data_is_refused_with_the_fix(data, global_batch, error, match):
     with pytest.raises(error, match=match):
         dataset_fn_for(data, global_batch)
@@ -154,8 +204,11 @@ def test_a_dataset_fn_is_returned_as_is_and_distributed_datasets_are_refused(vir
 
 def test_unbatched_dataset_is_sharded_by_data_when_it_reads_no_files():
     fn = dataset_fn_for(tf.data.Dataset.range(10), global_batch_size=4)
-    with pytest.warns(UserWarning, match=r"shards this dataset by DATA over 2 workers: the "
-                      r"dataset reads no files \(its source is RangeDataset\)"):
+    with pytest.warns(
+        UserWarning,
+        match=r"shards this dataset by DATA over 2 workers: the "
+        r"dataset reads no files \(its source is RangeDataset\)",
+    ):
         assert batches(fn(context(2, 1, 2))) == [[1, 3], [5, 7], [9]]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -179,7 +232,13 @@ def test_file_dataset_is_sharded_by_file_inside_the_dataset_fn(tfrecords):
 def test_batched_dataset_is_split_per_replica_in_order():
     dataset = tf.data.Dataset.range(10).batch(4)  # batches 4, 4, 2 (size unknown statically)
     assert batches(dataset_fn_for(dataset)(context(1, 0, 2))) == [
-        [0, 1], [2, 3], [4, 5], [6, 7], [8], [9]]
+        [0, 1],
+        [2, 3],
+        [4, 5],
+        [6, 7],
+        [8],
+        [9],
+    ]
     # two pipelines, 1 replica each: pipeline i gets the i-th half of every global batch
     assert batches(dataset_fn_for(dataset)(context(2, 1, 2))) == [[2, 3], [6, 7], [9]]
     static = tf.data.Dataset.range(12).batch(4, drop_remainder=True)
@@ -230,14 +289,17 @@ def test_shard_policy_by_files_and_workers(tfrecords):
     policy, reason = shard_policy(tf.data.TFRecordDataset(one).map(parse), 2)
     assert policy == "DATA" and "reads 1 file(s) but there are 2 workers" in reason
     assert shard_policy(tf.data.TFRecordDataset(one), 1) == (
-        "OFF", "one input pipeline: nothing to shard")
+        "OFF",
+        "one input pipeline: nothing to shard",
+    )
 
 
 def test_shard_policy_follows_file_lists_interleave_and_zip(tfrecords):
     three, two = tfrecords(3), tfrecords(2)
     pattern = os.path.join(os.path.dirname(three[0]), "part-3-*.tfrecord")
     listed = tf.data.Dataset.list_files(pattern, shuffle=True, seed=1).interleave(
-        tf.data.TFRecordDataset, num_parallel_calls=2, cycle_length=2)
+        tf.data.TFRecordDataset, num_parallel_calls=2, cycle_length=2
+    )
     assert shard_policy(listed.map(parse).shuffle(4).batch(2), 3)[0] == "FILE"
     assert shard_policy(listed, 4)[0] == "DATA"
     zipped = tf.data.Dataset.zip((tf.data.TFRecordDataset(three), tf.data.TFRecordDataset(two)))
@@ -277,8 +339,9 @@ def test_distribute_dataset_on_four_replicas(virtual_cpus, tfrecords):
     strategy = tfdist.make_strategy("mirrored", cluster=SINGLE)
     assert strategy.num_replicas_in_sync == 4
     x, y = np.arange(40, dtype="float32")[:, None], np.arange(40)
-    ids, sizes = seen(strategy, distribute_dataset((x, y), strategy, 16, shuffle=True),
-                      key=lambda e: e[1])
+    ids, sizes = seen(
+        strategy, distribute_dataset((x, y), strategy, 16, shuffle=True), key=lambda e: e[1]
+    )
     assert sorted(ids) == list(range(40)) and ids != sorted(ids)
     assert sizes[:4] == [4, 4, 4, 4]
     examples = tf.data.TFRecordDataset(tfrecords(3, examples=40)).map(parse)
@@ -321,7 +384,7 @@ def test_scaling_follows_a_base_schedule_and_takes_a_strategy(virtual_cpus):
     assert float(schedule(0)) == pytest.approx(0.1)
     assert float(schedule(10)) == pytest.approx(0.05 * 4)
     assert float(schedule(20)) == pytest.approx(0.025 * 4)
-    assert float(schedule(5)) == pytest.approx(0.1 * 0.5 ** 0.5 * (1 + 3 * 0.5))
+    assert float(schedule(5)) == pytest.approx(0.1 * 0.5**0.5 * (1 + 3 * 0.5))
 
 
 def test_schedule_works_in_a_keras_optimizer_and_round_trips():
@@ -344,14 +407,25 @@ def test_schedule_works_in_a_keras_optimizer_and_round_trips():
     assert float(restored(7)) == pytest.approx(float(nested(7)))
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(base_lr=0.1, num_replicas=0), ValueError, r"num_replicas must be a positive int or a "
-                                                    r"strategy\. Received: num_replicas=0"),
-    (dict(base_lr=0.1, num_replicas=2, warmup_steps=-1), ValueError, r"warmup_steps=-1"),
-    (dict(base_lr=-0.1, num_replicas=2), ValueError, r"base_lr must be a positive number"),
-    (dict(base_lr="0.1", num_replicas=2), TypeError, r"base_lr must be a float or a "
-                                                     r"LearningRateSchedule"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (
+            dict(base_lr=0.1, num_replicas=0),
+            ValueError,
+            r"num_replicas must be a positive int or a "
+            r"strategy\. Received: num_replicas=0",
+        ),
+        (dict(base_lr=0.1, num_replicas=2, warmup_steps=-1), ValueError, r"warmup_steps=-1"),
+        (dict(base_lr=-0.1, num_replicas=2), ValueError, r"base_lr must be a positive number"),
+        (
+            dict(base_lr="0.1", num_replicas=2),
+            TypeError,
+            r"base_lr must be a float or a "
+            r"LearningRateSchedule",
+        ),
+    ],
+)
 def test_scale_learning_rate_bad_values(kwargs, error, match):
     with pytest.raises(error, match=match):
         scale_learning_rate(**kwargs)

@@ -6,8 +6,8 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES = 37          # not a multiple of anything below: the last batches are partial
-GLOBAL_BATCH = 6       # 2 workers x 1 replica -> 3 examples per replica
+EXAMPLES = 37  # not a multiple of anything below: the last batches are partial
+GLOBAL_BATCH = 6  # 2 workers x 1 replica -> 3 examples per replica
 FILE_COUNTS = (1, 2, 5)
 
 
@@ -71,14 +71,22 @@ def collect_ids(directory):
         examples = read_ids(paths)
         result[count] = {
             "policy": shard_policy(examples, 2)[0],
-            "unbatched+shuffle": epochs(distribute_dataset(examples, strategy, GLOBAL_BATCH,
-                                                           shuffle=True)),
+            "unbatched+shuffle": epochs(
+                distribute_dataset(examples, strategy, GLOBAL_BATCH, shuffle=True)
+            ),
             "batched": epochs(distribute_dataset(examples.batch(GLOBAL_BATCH), strategy)),
-            "dataset_fn": epochs(strategy.distribute_datasets_from_function(
-                dataset_fn_for(tf.data.TFRecordDataset(paths), GLOBAL_BATCH, shuffle=True,
-                               map_fn=parse_id))),
-            "batch_map_fn": epochs(distribute_dataset(tf.data.TFRecordDataset(paths), strategy,
-                                                      GLOBAL_BATCH, batch_map_fn=parse_ids)),
+            "dataset_fn": epochs(
+                strategy.distribute_datasets_from_function(
+                    dataset_fn_for(
+                        tf.data.TFRecordDataset(paths), GLOBAL_BATCH, shuffle=True, map_fn=parse_id
+                    )
+                )
+            ),
+            "batch_map_fn": epochs(
+                distribute_dataset(
+                    tf.data.TFRecordDataset(paths), strategy, GLOBAL_BATCH, batch_map_fn=parse_ids
+                )
+            ),
         }
     return result
 

@@ -31,8 +31,10 @@ PAGE_TIMEOUT = 240  # seconds for all blocks of one page
 
 # An opening fence (any indentation, e.g. inside an admonition), its info string, and the body
 # up to the closing fence of the same indentation.
-FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>[^`\n]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
-                   re.MULTILINE | re.DOTALL)
+FENCE = re.compile(
+    r"^(?P<indent>[ \t]*)```(?P<info>[^`\n]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
+    re.MULTILINE | re.DOTALL,
+)
 
 # Runs the blocks of one page. Each block is compiled with the Markdown file as its file name
 # and with its own line numbers there, so tracebacks point into the page, and
@@ -60,8 +62,9 @@ def code_blocks(path: Path):
     for match in FENCE.finditer(text):
         indent = match.group("indent")
         lines = match.group("body").splitlines()
-        code = "\n".join(line[len(indent):] if line.startswith(indent) else line.lstrip()
-                         for line in lines)
+        code = "\n".join(
+            line[len(indent) :] if line.startswith(indent) else line.lstrip() for line in lines
+        )
         line = text.count("\n", 0, match.start("body")) + 1
         yield line, match.group("info").strip(), code + "\n"
 
@@ -87,9 +90,12 @@ PAGES, NOT_RUN_BLOCKS = python_blocks()
 
 
 def clean_env() -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("TFDIST_") and k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS",
-                                                       "CUDA_VISIBLE_DEVICES", "PYTEST_ADDOPTS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TFDIST_")
+        and k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS", "CUDA_VISIBLE_DEVICES", "PYTEST_ADDOPTS")
+    }
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -102,9 +108,15 @@ def run_page(page: str) -> dict:
             json.dump(PAGES[page], f)
         started = time.monotonic()
         try:
-            proc = subprocess.run([sys.executable, "-c", RUNNER, blocks_file], cwd=cwd,
-                                  env=clean_env(), capture_output=True, text=True,
-                                  timeout=PAGE_TIMEOUT, stdin=subprocess.DEVNULL)
+            proc = subprocess.run(
+                [sys.executable, "-c", RUNNER, blocks_file],
+                cwd=cwd,
+                env=clean_env(),
+                capture_output=True,
+                text=True,
+                timeout=PAGE_TIMEOUT,
+                stdin=subprocess.DEVNULL,
+            )
             code, output = proc.returncode, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as err:
             code = None
@@ -125,7 +137,8 @@ def test_examples_are_found_and_few_are_left_out():
     assert runnable >= 20, f"only {runnable} runnable python blocks found under docs/"
     assert len(NOT_RUN_BLOCKS) <= MAX_NOT_RUN, (
         f"{len(NOT_RUN_BLOCKS)} python blocks are marked '{NOT_RUN}' (at most {MAX_NOT_RUN}): "
-        f"{NOT_RUN_BLOCKS}")
+        f"{NOT_RUN_BLOCKS}"
+    )
 
 
 def test_every_tfdist_variable_is_documented():
@@ -139,21 +152,40 @@ def test_every_tfdist_variable_is_documented():
 @pytest.mark.parametrize("page", sorted(PAGES))
 def test_python_blocks_of_the_page_run(page, page_runs):
     run = page_runs[page]
-    assert run["returncode"] == 0, f"{page} (exit code {run['returncode']}):\n" + \
-        run["output"][-6000:]
+    assert run["returncode"] == 0, (
+        f"{page} (exit code {run['returncode']}):\n" + run["output"][-6000:]
+    )
 
 
 def test_the_site_builds_without_warnings(tmp_path):
-    missing = [name for name in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers")
-               if importlib.util.find_spec(name) is None]
+    missing = [
+        name
+        for name in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers")
+        if importlib.util.find_spec(name) is None
+    ]
     if missing:
-        pytest.skip(f"the docs tools are not installed ({', '.join(missing)}): "
-                    "pip install -e '.[docs]'")
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--clean",
-                           "--config-file", str(ROOT / "mkdocs.yml"),
-                           "--site-dir", str(tmp_path / "site")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))  # mkdocs-material's banner
+        pytest.skip(
+            f"the docs tools are not installed ({', '.join(missing)}): pip install -e '.[docs]'"
+        )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--clean",
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(tmp_path / "site"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
+    )  # mkdocs-material's banner
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "site" / "index.html").exists()
     assert (tmp_path / "site" / "reference" / "training" / "index.html").exists()

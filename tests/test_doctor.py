@@ -20,19 +20,34 @@ def test_diagnose_recognises_shell_settings_with_their_fixes():
 
 
 def _job(reason, *outputs):
-    return JobResult(reason, {f"worker:{i}": TaskResult(f"worker:{i}", 0, list(lines), 1.0)
-                              for i, lines in enumerate(outputs)})
+    return JobResult(
+        reason,
+        {
+            f"worker:{i}": TaskResult(f"worker:{i}", 0, list(lines), 1.0)
+            for i, lines in enumerate(outputs)
+        },
+    )
 
 
-@pytest.mark.parametrize("job, expected", [
-    (_job("done", ["SMOKE allreduce=3", "SMOKE fit_steps=3"]), []),
-    (_job("timeout", []), ["no result in time. HINT: a firewall or a blocked loopback port"]),
-    (_job("failed", ["RuntimeError: Task worker:0 could not form the multi-worker cluster"]),
-     ["could not meet on loopback. HINT: a blocked port or a proxy"]),
-    (_job("failed", ["SMOKE allreduce=2"]), ["the all-reduce did not give 1 + 2 = 3"]),
-    (_job("failed", ["SMOKE allreduce=3", "ValueError: boom"]),
-     ["the 3-step multi-worker fit failed. Last lines:\nSMOKE allreduce=3\nValueError: boom"]),
-])
+@pytest.mark.parametrize(
+    "job, expected",
+    [
+        (_job("done", ["SMOKE allreduce=3", "SMOKE fit_steps=3"]), []),
+        (_job("timeout", []), ["no result in time. HINT: a firewall or a blocked loopback port"]),
+        (
+            _job("failed", ["RuntimeError: Task worker:0 could not form the multi-worker cluster"]),
+            ["could not meet on loopback. HINT: a blocked port or a proxy"],
+        ),
+        (_job("failed", ["SMOKE allreduce=2"]), ["the all-reduce did not give 1 + 2 = 3"]),
+        (
+            _job("failed", ["SMOKE allreduce=3", "ValueError: boom"]),
+            [
+                "the 3-step multi-worker fit failed. Last lines:\n"
+                "SMOKE allreduce=3\nValueError: boom"
+            ],
+        ),
+    ],
+)
 def test_smoke_verdicts(job, expected):
     failures = smoke_verdict(job)
     assert len(failures) == len(expected)
@@ -42,10 +57,18 @@ def test_smoke_verdicts(job, expected):
 
 @pytest.mark.slow
 def test_doctor_runs_a_real_smoke_test_and_flags_tf_config_in_the_shell():
-    env = dict(os.environ, TF_CONFIG='{"cluster": {"worker": ["127.0.0.1:1"]}, '
-                                     '"task": {"type": "worker", "index": 0}}')
-    proc = subprocess.run([sys.executable, "-m", "tfdist", "doctor", "--timeout", "150"],
-                          env=env, capture_output=True, text=True, timeout=240)
+    env = dict(
+        os.environ,
+        TF_CONFIG='{"cluster": {"worker": ["127.0.0.1:1"]}, '
+        '"task": {"type": "worker", "index": 0}}',
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfdist", "doctor", "--timeout", "150"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "PROBLEM  TF_CONFIG is set in this shell" in proc.stdout
     assert "OK       2 workers met, all-reduced 1 + 2 = 3 and trained 3 steps" in proc.stdout

@@ -26,16 +26,21 @@ TIMEOUT = 600
 
 
 def _process(script, args):
-    proc = subprocess.run([sys.executable, os.path.join(EXAMPLES, script)] + args,
-                          capture_output=True, text=True, timeout=TIMEOUT,
-                          env=dict(os.environ, **ENV))
+    proc = subprocess.run(
+        [sys.executable, os.path.join(EXAMPLES, script)] + args,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env=dict(os.environ, **ENV),
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 
 def _job(script, args, **tasks):
     out = io.StringIO()
-    codes = launch(os.path.join(EXAMPLES, script), args, out=out, timeout=TIMEOUT,
-                   extra_env=ENV, **tasks)
+    codes = launch(
+        os.path.join(EXAMPLES, script), args, out=out, timeout=TIMEOUT, extra_env=ENV, **tasks
+    )
     return (0 if all(c == 0 for c in codes.values()) else 1), out.getvalue()
 
 
@@ -49,24 +54,49 @@ def runs(tmp_path_factory):
     train_dir = tmp_path_factory.mktemp("train")
     jobs = {
         # 63 = 32 + 31 per replica: every step's batch splits unevenly over the 2 replicas
-        "mirrored": (_process, "mirrored.py", ["--virtual_cpus", "2", "--epochs", "2",
-                                              "--global_batch_size", "63"], {}),
-        "multi_worker": (_job, "multi_worker.py", ["--epochs", "2", "--model_dir",
-                                                   str(multi_worker_dir)], {"workers": 2}),
-        "parameter_server": (_job, "parameter_server.py", ["--epochs", "2"],
-                             {"workers": 2, "ps": 2}),
-        "mixed_precision": (_process, "mixed_precision.py", [
-            "--precision", "mixed_bfloat16", "--virtual_cpus", "2", "--epochs", "2"], {}),
-        "train": (_job, "train.py", ["--epochs", "2", "--model_dir", str(train_dir)],
-                  {"workers": 2}),
+        "mirrored": (
+            _process,
+            "mirrored.py",
+            ["--virtual_cpus", "2", "--epochs", "2", "--global_batch_size", "63"],
+            {},
+        ),
+        "multi_worker": (
+            _job,
+            "multi_worker.py",
+            ["--epochs", "2", "--model_dir", str(multi_worker_dir)],
+            {"workers": 2},
+        ),
+        "parameter_server": (
+            _job,
+            "parameter_server.py",
+            ["--epochs", "2"],
+            {"workers": 2, "ps": 2},
+        ),
+        "mixed_precision": (
+            _process,
+            "mixed_precision.py",
+            ["--precision", "mixed_bfloat16", "--virtual_cpus", "2", "--epochs", "2"],
+            {},
+        ),
+        "train": (
+            _job,
+            "train.py",
+            ["--epochs", "2", "--model_dir", str(train_dir)],
+            {"workers": 2},
+        ),
     }
     temp_dirs_before = _worker_temp_dirs()
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
-        futures = {name: pool.submit(fn, script, args, **tasks)
-                   for name, (fn, script, args, tasks) in jobs.items()}
+        futures = {
+            name: pool.submit(fn, script, args, **tasks)
+            for name, (fn, script, args, tasks) in jobs.items()
+        }
         results = {name: future.result() for name, future in futures.items()}
-    results["dirs"] = {"multi_worker": multi_worker_dir, "train": train_dir,
-                       "worker_temp_dirs_left": _worker_temp_dirs() - temp_dirs_before}
+    results["dirs"] = {
+        "multi_worker": multi_worker_dir,
+        "train": train_dir,
+        "worker_temp_dirs_left": _worker_temp_dirs() - temp_dirs_before,
+    }
     return results
 
 

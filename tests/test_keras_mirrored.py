@@ -8,9 +8,10 @@ import concurrent.futures
 
 import pytest
 
-import keras_scenarios as scenarios
 from tfdist import ClusterSpec, make_strategy
 from tfdist.testing import run_cluster
+
+import keras_scenarios as scenarios
 
 
 @pytest.fixture(scope="module")
@@ -22,12 +23,22 @@ def strategy(virtual_cpus):
 def elsewhere():
     """The same scenarios without tfdist's fixes, and on tf_keras: two processes at once."""
     runs = {"no_fixes": {"TFDIST_KERAS_FIXES": "0"}, "tf_keras": {"TF_USE_LEGACY_KERAS": "1"}}
-    names = {"no_fixes": scenarios.MIRRORED,
-             "tf_keras": [n for n in scenarios.MIRRORED if n not in scenarios.NOT_IN_TF_KERAS]}
+    names = {
+        "no_fixes": scenarios.MIRRORED,
+        "tf_keras": [n for n in scenarios.MIRRORED if n not in scenarios.NOT_IN_TF_KERAS],
+    }
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        futures = {key: pool.submit(run_cluster, scenarios.in_subprocess_mirrored, workers=1,
-                                    args=(names[key],), env=env, timeout=600)
-                   for key, env in runs.items()}
+        futures = {
+            key: pool.submit(
+                run_cluster,
+                scenarios.in_subprocess_mirrored,
+                workers=1,
+                args=(names[key],),
+                env=env,
+                timeout=600,
+            )
+            for key, env in runs.items()
+        }
         return {key: future.result()["worker:0"].value for key, future in futures.items()}
 
 
@@ -48,8 +59,11 @@ def decreasing(losses):
 def test_validation_split_with_an_uneven_last_batch(strategy, elsewhere):
     result = scenarios.validation_split_uneven(strategy)
     assert decreasing(result["loss"]) and len(result["val_loss"]) == 3
-    fails_with(elsewhere["no_fixes"], "validation_split_uneven",
-               "Inputs to operation AddN of type AddN must have the same size and shape")
+    fails_with(
+        elsewhere["no_fixes"],
+        "validation_split_uneven",
+        "Inputs to operation AddN of type AddN must have the same size and shape",
+    )
     assert decreasing(ok(elsewhere["tf_keras"], "validation_split_uneven")["loss"])
 
 
@@ -72,8 +86,11 @@ def test_string_inputs_through_string_lookup(strategy, elsewhere):
     result = scenarios.string_inputs(strategy)
     assert result["accuracy"] == 1.0
     assert result["predictions"][0] > 0.9 > 0.1 > result["predictions"][1]
-    fails_with(elsewhere["no_fixes"], "string_inputs",
-               "Value for attr 'T' of string is not in the list of allowed values")
+    fails_with(
+        elsewhere["no_fixes"],
+        "string_inputs",
+        "Value for attr 'T' of string is not in the list of allowed values",
+    )
     assert ok(elsewhere["tf_keras"], "string_inputs")["accuracy"] == 1.0
 
 
@@ -90,8 +107,11 @@ def test_gradient_accumulation_matches_one_device(strategy, elsewhere):
     assert result["iterations"] == 4  # 8 batches, an update every 2
     assert result["moved"] > 0.01
     assert result["max_weight_difference"] < 1e-5
-    fails_with(elsewhere["no_fixes"], "gradient_accumulation",
-               "`merge_call` called while defining a new graph")
+    fails_with(
+        elsewhere["no_fixes"],
+        "gradient_accumulation",
+        "`merge_call` called while defining a new graph",
+    )
 
 
 def test_dropout_draws_a_different_mask_per_replica_reproducibly(strategy, elsewhere):
@@ -120,11 +140,17 @@ def test_fit_evaluate_predict_dicts_and_sample_weights(strategy, elsewhere):
 
 
 def test_optimizer_made_outside_the_scope_is_refused_with_the_fix(strategy, elsewhere):
-    with pytest.raises(ValueError, match=r"The optimizer 'adam.*' was created outside the "
-                       r"strategy's scope.*HINT: create it inside the scope"):
+    with pytest.raises(
+        ValueError,
+        match=r"The optimizer 'adam.*' was created outside the "
+        r"strategy's scope.*HINT: create it inside the scope",
+    ):
         scenarios.optimizer_made_outside_the_scope(strategy)
-    fails_with(elsewhere["no_fixes"], "optimizer_made_outside_the_scope",
-               "Mixing different tf.distribute.Strategy objects")
+    fails_with(
+        elsewhere["no_fixes"],
+        "optimizer_made_outside_the_scope",
+        "Mixing different tf.distribute.Strategy objects",
+    )
 
 
 def test_mixed_float16_skips_a_step_when_any_replica_overflows(strategy, elsewhere):

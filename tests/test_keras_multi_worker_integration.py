@@ -12,30 +12,46 @@ import tempfile
 
 import pytest
 
-import keras_scenarios as scenarios
 from tfdist.testing import run_cluster
+
+import keras_scenarios as scenarios
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def jobs():
-    configurations = {"tfdist": {}, "no_fixes": {"TFDIST_KERAS_FIXES": "0"},
-                      "tf_keras": {"TF_USE_LEGACY_KERAS": "1"},
-                      "no_loop_fix": {"TFDIST_KERAS_FIXES": "-multi_worker_steps_per_execution",
-                                      "TFDIST_PROGRESS": "all"},
-                      "no_mean_fix": {
-                          "TFDIST_KERAS_FIXES": "-multi_worker_mean_of_metric_results"}}
-    names = {"tfdist": scenarios.MULTI_WORKER, "no_fixes": ["fit_evaluate_predict"],
-             "no_loop_fix": ["steps_per_execution", "progress_bar"],
-             "no_mean_fix": ["fit_evaluate_predict"],
-             "tf_keras": [n for n in scenarios.MULTI_WORKER if n not in scenarios.NOT_IN_TF_KERAS]}
+    configurations = {
+        "tfdist": {},
+        "no_fixes": {"TFDIST_KERAS_FIXES": "0"},
+        "tf_keras": {"TF_USE_LEGACY_KERAS": "1"},
+        "no_loop_fix": {
+            "TFDIST_KERAS_FIXES": "-multi_worker_steps_per_execution",
+            "TFDIST_PROGRESS": "all",
+        },
+        "no_mean_fix": {"TFDIST_KERAS_FIXES": "-multi_worker_mean_of_metric_results"},
+    }
+    names = {
+        "tfdist": scenarios.MULTI_WORKER,
+        "no_fixes": ["fit_evaluate_predict"],
+        "no_loop_fix": ["steps_per_execution", "progress_bar"],
+        "no_mean_fix": ["fit_evaluate_predict"],
+        "tf_keras": [n for n in scenarios.MULTI_WORKER if n not in scenarios.NOT_IN_TF_KERAS],
+    }
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        futures = {key: pool.submit(run_cluster, scenarios.in_multi_worker, workers=2,
-                                    args=(names[key],), env=env, timeout=900)
-                   for key, env in configurations.items()}
+        futures = {
+            key: pool.submit(
+                run_cluster,
+                scenarios.in_multi_worker,
+                workers=2,
+                args=(names[key],),
+                env=env,
+                timeout=900,
+            )
+            for key, env in configurations.items()
+        }
         runs = {key: future.result() for key, future in futures.items()}
-    for key, run in runs.items():  # each worker's output, for the tests of what is printed
+    for run in runs.values():  # each worker's output, for the tests of what is printed
         for i in range(2):
             run[f"worker:{i}"].value["output"] = run[f"worker:{i}"].output
     return {key: [run[f"worker:{i}"].value for i in range(2)] for key, run in runs.items()}
@@ -108,7 +124,7 @@ def test_dropout_masks_differ_between_workers(jobs):
 def _progress(worker) -> str:
     assert "ok" in worker["results"]["progress_bar"], worker["results"]["progress_bar"]
     text = worker["output"]
-    return text[text.index("PROGRESS-START"):text.index("PROGRESS-END")]
+    return text[text.index("PROGRESS-START") : text.index("PROGRESS-END")]
 
 
 def test_progress_bars_on_the_chief_only_unless_asked_for_everywhere(jobs):
@@ -136,13 +152,13 @@ def _worker_temp_dirs():
 def test_checkpoints_write_once_and_backup_resumes_at_the_right_epoch(tmp_path):
     directory = str(tmp_path)
     temp_dirs_before = _worker_temp_dirs()
-    first = run_cluster(scenarios.backup_and_restore, workers=2, args=(directory, 1),
-                        check=False, timeout=600)
+    first = run_cluster(
+        scenarios.backup_and_restore, workers=2, args=(directory, 1), check=False, timeout=600
+    )
     for run in first.values():
         assert "interrupted after epoch 1" in run.output
     assert sorted(os.listdir(tmp_path)) == ["backup", "epoch1.weights.h5", "epoch2.weights.h5"]
-    second = run_cluster(scenarios.backup_and_restore, workers=2, args=(directory,),
-                         timeout=600)
+    second = run_cluster(scenarios.backup_and_restore, workers=2, args=(directory,), timeout=600)
     results = [second[f"worker:{i}"].value for i in range(2)]
     assert [r["chief"] for r in results] == [True, False]
     for result in results:

@@ -35,8 +35,14 @@ def test_plan_multi_worker_job_runs_the_script_on_every_worker():
 
 
 def test_plan_parameter_server_job_serves_on_workers_and_ps_and_trains_on_the_chief():
-    plans = plan_job("pkg.train", workers=2, ps=1, module=True, python="py",
-                     extra_env={"TFDIST_STRATEGY": "parameter_server"})
+    plans = plan_job(
+        "pkg.train",
+        workers=2,
+        ps=1,
+        module=True,
+        python="py",
+        extra_env={"TFDIST_STRATEGY": "parameter_server"},
+    )
     by_task = {p.task: p for p in plans}
     assert list(by_task) == ["chief:0", "worker:0", "worker:1", "ps:0"]
     assert by_task["chief:0"].argv == ("py", "-m", "pkg.train") and not by_task["chief:0"].serves
@@ -58,7 +64,9 @@ def test_two_plans_never_share_a_port():
 
 
 def test_output_is_prefixed_whole_lines_and_logged(tmp_path):
-    script = _script(tmp_path, """
+    script = _script(
+        tmp_path,
+        """
         import os, sys, time
         task = os.environ["TFDIST_TASK"]
         for i in range(50):
@@ -68,13 +76,16 @@ def test_output_is_prefixed_whole_lines_and_logged(tmp_path):
             sys.stdout.write(f"{i}\\n")         # ... completed later
             sys.stdout.flush()
         print("to stderr", file=sys.stderr)
-    """)
+    """,
+    )
     out = io.StringIO()
     codes = launch(script, workers=2, out=out, log_dir=str(tmp_path / "logs"))
     assert codes == {"worker:0": 0, "worker:1": 0}
     lines = out.getvalue().splitlines()
     assert [line.split()[:4] for line in lines[-2:]] == [
-        ["[tfdist]", "worker:0", "exit", "0"], ["[tfdist]", "worker:1", "exit", "0"]]
+        ["[tfdist]", "worker:0", "exit", "0"],
+        ["[tfdist]", "worker:1", "exit", "0"],
+    ]
     for task in ("worker:0", "worker:1"):
         mine = [line for line in lines if line.startswith(f"[{task}] ")]
         assert mine[:50] == [f"[{task}] part-{task}-{i}" for i in range(50)]
@@ -84,34 +95,42 @@ def test_output_is_prefixed_whole_lines_and_logged(tmp_path):
 
 
 def test_first_failure_stops_every_task_and_names_the_task(tmp_path):
-    script = _script(tmp_path, """
+    script = _script(
+        tmp_path,
+        """
         import os, sys, time
         if os.environ["TFDIST_TASK"] == "worker:1":
             print("loading data"); print("something broke")
             sys.exit(3)
         time.sleep(120)
-    """)
+    """,
+    )
     out = io.StringIO()
     started = time.monotonic()
     codes = launch(script, workers=2, out=out)
     assert time.monotonic() - started < 30
     assert codes["worker:1"] == 3
     assert codes["worker:0"] == -signal.SIGTERM
-    assert "[tfdist] Task worker:1 exited with code 3; the other tasks were stopped. " \
-           "Its last lines:\nloading data\nsomething broke" in out.getvalue()
+    assert (
+        "[tfdist] Task worker:1 exited with code 3; the other tasks were stopped. "
+        "Its last lines:\nloading data\nsomething broke" in out.getvalue()
+    )
     with pytest.raises(JobFailed, match="Task worker:1 exited with code 3"):
         launch(script, workers=2, out=io.StringIO(), check=True)
 
 
 def test_a_task_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
-    script = _script(tmp_path, """
+    script = _script(
+        tmp_path,
+        """
         import os, signal, sys, time
         if os.environ["TFDIST_TASK"] == "worker:1":
             time.sleep(0.5); sys.exit(1)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("ignoring SIGTERM", flush=True)
         time.sleep(120)
-    """)
+    """,
+    )
     started = time.monotonic()
     result = run_job(plan_job(script, workers=2), grace=2.0, quiet=True)
     assert time.monotonic() - started < 30
@@ -131,7 +150,9 @@ def test_timeout_stops_the_job(tmp_path):
 
 
 def test_restarts_run_the_whole_job_again_on_fresh_ports(tmp_path):
-    script = _script(tmp_path, f"""
+    script = _script(
+        tmp_path,
+        f"""
         import json, os, sys
         task = os.environ["TFDIST_TASK"]
         with open(os.path.join({str(tmp_path)!r}, "configs.txt"), "a") as f:
@@ -140,7 +161,8 @@ def test_restarts_run_the_whole_job_again_on_fresh_ports(tmp_path):
         if task == "worker:1" and not os.path.exists(marker):
             open(marker, "w").close()
             os.kill(os.getpid(), 9)
-    """)
+    """,
+    )
     out = io.StringIO()
     codes = launch(script, workers=2, max_restarts=1, out=out)
     assert codes == {"worker:0": 0, "worker:1": 0}
@@ -156,16 +178,22 @@ def test_restarts_run_the_whole_job_again_on_fresh_ports(tmp_path):
 
 
 def test_sigterm_to_the_launcher_leaves_no_orphans(tmp_path):
-    script = _script(tmp_path, f"""
+    script = _script(
+        tmp_path,
+        f"""
         import os, subprocess, sys, time
         task = os.environ["TFDIST_TASK"].replace(":", "-")
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
         with open(os.path.join({str(tmp_path)!r}, task + ".pids"), "w") as f:
             f.write(f"{{os.getpid()}} {{child.pid}}")
         time.sleep(120)
-    """)
-    launcher = subprocess.Popen([sys.executable, "-m", "tfdist", "launch", "--workers", "2",
-                                 script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    """,
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tfdist", "launch", "--workers", "2", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 30
     while len(list(tmp_path.glob("*.pids"))) < 2:
         assert time.monotonic() < deadline, "the tasks did not start"
@@ -183,8 +211,22 @@ def test_cli_dry_run_and_bad_input(tmp_path, capsys):
     from tfdist.cli import main
 
     script = _script(tmp_path, "print('hi')\n")
-    assert main(["launch", "--workers", "2", "--strategy", "mirrored", "--dry_run", script,
-                 "--lr", "0.1"]) == 0
+    assert (
+        main(
+            [
+                "launch",
+                "--workers",
+                "2",
+                "--strategy",
+                "mirrored",
+                "--dry_run",
+                script,
+                "--lr",
+                "0.1",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2
     assert lines[0].startswith("[worker:0] ") and lines[0].endswith(f"{script} --lr 0.1")
@@ -197,11 +239,14 @@ def test_cli_dry_run_and_bad_input(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_parameter_server_job_servers_stop_when_the_chief_is_done(tmp_path):
-    script = _script(tmp_path, """
+    script = _script(
+        tmp_path,
+        """
         import json, os
         config = json.loads(os.environ["TF_CONFIG"])
         print("chief runs the script as", config["task"])
-    """)
+    """,
+    )
     out = io.StringIO()
     codes = launch(script, workers=1, ps=1, out=out, timeout=120)
     assert codes == {"chief:0": 0, "worker:0": 0, "ps:0": 0}
@@ -214,13 +259,19 @@ def test_parameter_server_job_servers_stop_when_the_chief_is_done(tmp_path):
 def test_the_summary_gives_steps_per_second_for_tasks_that_trained():
     from tfdist.launcher import JobResult, TaskResult, summary
 
-    result = JobResult("done", {
-        "chief:0": TaskResult("chief:0", 0, [], 30.0, steps=400, train_seconds=20.0),
-        "worker:0": TaskResult("worker:0", -15, [], 31.0, stopped=True),
-        "worker:1": TaskResult("worker:1", 0, [], 2.0, steps=0, train_seconds=1.0)})
+    result = JobResult(
+        "done",
+        {
+            "chief:0": TaskResult("chief:0", 0, [], 30.0, steps=400, train_seconds=20.0),
+            "worker:0": TaskResult("worker:0", -15, [], 31.0, stopped=True),
+            "worker:1": TaskResult("worker:1", 0, [], 2.0, steps=0, train_seconds=1.0),
+        },
+    )
     lines = summary(result).splitlines()
-    assert lines[0] == "[tfdist] chief:0    exit 0                           30.0 s  400 steps, " \
-                       "20.0 steps/s"
+    assert (
+        lines[0] == "[tfdist] chief:0    exit 0                           30.0 s  400 steps, "
+        "20.0 steps/s"
+    )
     assert lines[1] == "[tfdist] worker:0   served until the job ended       31.0 s"
     assert lines[2] == "[tfdist] worker:1   exit 0                            2.0 s"  # no steps
 

@@ -1,4 +1,4 @@
-"""Parameter-server training (tfdist._coordinator) and its Keras 3 fixes (tfdist._compat).
+"""Parameter-server training (tfdist._coordinator) and its Keras 3 fixes (tfdist.fixes).
 
 Pure tests of the step plan and the argument checks run in the pytest process. The Keras fixes
 are tested in a child process that holds a whole parameter-server cluster (gRPC servers for 3
@@ -12,8 +12,12 @@ import os
 import numpy as np
 import pytest
 
-from tfdist._coordinator import (build_model, evaluate_parameter_server,
-                                 fit_parameter_server, plan_groups)
+from tfdist._coordinator import (
+    build_model,
+    evaluate_parameter_server,
+    fit_parameter_server,
+    plan_groups,
+)
 from tfdist.testing import run_cluster
 
 SHARD_BYTES = 16 << 10  # tables above this are split over the ps tasks, dense layers are not
@@ -24,14 +28,17 @@ STEPS = 60
 # --------------------------------------------------------------------------- step planning
 
 
-@pytest.mark.parametrize("steps, k, groups", [
-    (1, 1, [(0, 0)]),
-    (3, 1, [(0, 0), (1, 1), (2, 2)]),
-    (6, 3, [(0, 2), (3, 5)]),
-    (7, 3, [(0, 2), (3, 5), (6, 6)]),
-    (10, 4, [(0, 3), (4, 7), (8, 9)]),
-    (2, 5, [(0, 1)]),
-])
+@pytest.mark.parametrize(
+    "steps, k, groups",
+    [
+        (1, 1, [(0, 0)]),
+        (3, 1, [(0, 0), (1, 1), (2, 2)]),
+        (6, 3, [(0, 2), (3, 5)]),
+        (7, 3, [(0, 2), (3, 5), (6, 6)]),
+        (10, 4, [(0, 3), (4, 7), (8, 9)]),
+        (2, 5, [(0, 1)]),
+    ],
+)
 def test_plan_groups_covers_every_step_once_with_a_shorter_last_group(steps, k, groups):
     assert plan_groups(steps, k) == groups
     covered = [s for begin, end in groups for s in range(begin, end + 1)]
@@ -42,27 +49,44 @@ def _dataset_fn(input_context):
     raise AssertionError("never called: arguments are checked first")
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(steps_per_epoch=0), r"`steps_per_epoch` must be a positive integer. Received: "
-                              r"steps_per_epoch=0"),
-    (dict(steps_per_epoch=True), r"Received: steps_per_epoch=True"),
-    (dict(steps_per_epoch=5, epochs=-1), r"`epochs` must be an integer >= 0. Received: "
-                                         r"epochs=-1"),
-    (dict(steps_per_epoch=5, steps_per_execution=0), r"Received: steps_per_execution=0"),
-    (dict(steps_per_epoch=5, validation_dataset_fn=_dataset_fn),
-     r"`validation_steps` is required with `validation_dataset_fn`"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            dict(steps_per_epoch=0),
+            r"`steps_per_epoch` must be a positive integer. Received: "
+            r"steps_per_epoch=0",
+        ),
+        (dict(steps_per_epoch=True), r"Received: steps_per_epoch=True"),
+        (
+            dict(steps_per_epoch=5, epochs=-1),
+            r"`epochs` must be an integer >= 0. Received: "
+            r"epochs=-1",
+        ),
+        (dict(steps_per_epoch=5, steps_per_execution=0), r"Received: steps_per_execution=0"),
+        (
+            dict(steps_per_epoch=5, validation_dataset_fn=_dataset_fn),
+            r"`validation_steps` is required with `validation_dataset_fn`",
+        ),
+    ],
+)
 def test_fit_rejects_bad_counts_naming_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message):
         fit_parameter_server(object(), object(), _dataset_fn, **kwargs)
 
 
 def test_fit_and_evaluate_need_a_dataset_function_and_a_parameter_server_strategy():
-    with pytest.raises(TypeError, match=r"`dataset_fn` must be a function of a "
-                                        r"tf.distribute.InputContext"):
+    with pytest.raises(
+        TypeError,
+        match=r"`dataset_fn` must be a function of a "
+        r"tf.distribute.InputContext",
+    ):
         fit_parameter_server(object(), object(), [1, 2], steps_per_epoch=5)
-    with pytest.raises(TypeError, match=r"needs a tf.distribute.ParameterServerStrategy .*"
-                                        r"Received: strategy='mirrored' \(of type str\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"needs a tf.distribute.ParameterServerStrategy .*"
+        r"Received: strategy='mirrored' \(of type str\)",
+    ):
         evaluate_parameter_server(object(), "mirrored", _dataset_fn, steps=5)
     with pytest.raises(ValueError, match=r"Received: steps=None"):
         evaluate_parameter_server(object(), object(), _dataset_fn, steps=None)
@@ -93,8 +117,10 @@ def _embedding_model(keras):
     table = keras.layers.Embedding(VOCAB, DIM, name="table")(inputs)
     outputs = keras.layers.Dense(1)(keras.layers.GlobalAveragePooling1D()(table))
     model = keras.Model(inputs, outputs)
-    model.compile(optimizer=keras.optimizers.Adam(0.01),
-                  loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.01),
+        loss=keras.losses.BinaryCrossentropy(from_logits=True),
+    )
     return model
 
 
@@ -119,15 +145,19 @@ def fixes_in_one_process(out_dir):
 
     import tfdist
     from tfdist import ClusterSpec, _compat
+    from tfdist.fixes import apply_fixes
     from tfdist.strategy import start_local_servers
 
     keras = _compat.keras()
     spec = ClusterSpec.local(workers=3, ps=2, chief=True, task_type="chief")
     start_local_servers(spec)
-    strategy = tfdist.make_strategy("parameter_server", cluster=spec,
-                                    variable_partitioner="min_size",
-                                    min_shard_bytes=SHARD_BYTES)
-    result = {"fixes": _compat.apply_keras_fixes()}
+    strategy = tfdist.make_strategy(
+        "parameter_server",
+        cluster=spec,
+        variable_partitioner="min_size",
+        min_shard_bytes=SHARD_BYTES,
+    )
+    result = {"fixes": apply_fixes()}
 
     # atomic assign_add: the graph of one update, on the ps and (unchanged) locally
     with strategy.scope():
@@ -141,8 +171,14 @@ def fixes_in_one_process(out_dir):
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
     for _ in range(3):
-        fit_parameter_server(model, strategy, _regression_dataset_fn, steps_per_epoch=STEPS,
-                             steps_per_execution=1, verbose=0)
+        fit_parameter_server(
+            model,
+            strategy,
+            _regression_dataset_fn,
+            steps_per_epoch=STEPS,
+            steps_per_execution=1,
+            verbose=0,
+        )
     result["iterations"] = int(model.optimizer.iterations.numpy())
     result["direct"] = model._tfdist_ps_runner[1]._direct
 
@@ -154,8 +190,14 @@ def fixes_in_one_process(out_dir):
             public = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
             public.compile(optimizer="sgd", loss="mse")
         for _ in range(3):
-            fit_parameter_server(public, strategy, _regression_dataset_fn, steps_per_epoch=22,
-                                 steps_per_execution=4, verbose=0)
+            fit_parameter_server(
+                public,
+                strategy,
+                _regression_dataset_fn,
+                steps_per_epoch=22,
+                steps_per_execution=4,
+                verbose=0,
+            )
     finally:
         del os.environ["TFDIST_PS_DIRECT_SCHEDULE"]
     result["public_iterations"] = int(public.optimizer.iterations.numpy())
@@ -169,16 +211,20 @@ def fixes_in_one_process(out_dir):
     before = table.numpy()
 
     def train():
-        history = fit_parameter_server(sharded, strategy, _embedding_dataset_fn, epochs=2,
-                                       steps_per_epoch=20, verbose=0)
-        return {"loss": history.history["loss"],
-                "iterations": int(sharded.optimizer.iterations.numpy()),
-                "rows_changed": int((np.abs(table.numpy() - before).sum(1) > 0).sum()),
-                "trainable": [(w.value.device, tuple(w.shape))
-                              for w in sharded.trainable_weights],
-                "slots": [(v.value.device, tuple(v.shape))
-                          for v in sharded.optimizer.variables
-                          if tuple(v.shape) == (VOCAB // 2, DIM)]}
+        history = fit_parameter_server(
+            sharded, strategy, _embedding_dataset_fn, epochs=2, steps_per_epoch=20, verbose=0
+        )
+        return {
+            "loss": history.history["loss"],
+            "iterations": int(sharded.optimizer.iterations.numpy()),
+            "rows_changed": int((np.abs(table.numpy() - before).sum(1) > 0).sum()),
+            "trainable": [(w.value.device, tuple(w.shape)) for w in sharded.trainable_weights],
+            "slots": [
+                (v.value.device, tuple(v.shape))
+                for v in sharded.optimizer.variables
+                if tuple(v.shape) == (VOCAB // 2, DIM)
+            ],
+        }
 
     result["train"] = _attempt(train)
 
@@ -186,7 +232,8 @@ def fixes_in_one_process(out_dir):
     # the optimizer into a model sharded the same way
     def checkpoint():
         path = tf.train.Checkpoint(model=sharded, optimizer=sharded.optimizer).save(
-            os.path.join(out_dir, "ckpt"))
+            os.path.join(out_dir, "ckpt")
+        )
         plain = _embedding_model(keras)  # outside the scope: variables on this process
         tf.train.Checkpoint(model=plain).restore(path).expect_partial()
         plain_table = plain.get_layer("table").embeddings
@@ -194,14 +241,20 @@ def fixes_in_one_process(out_dir):
             again = _embedding_model(keras)
         build_model(again, strategy, _embedding_dataset_fn)
         tf.train.Checkpoint(model=again, optimizer=again.optimizer).restore(
-            path).assert_existing_objects_matched()
-        return {"local_device": plain_table.value.device,
-                "equal": bool(np.array_equal(plain_table.numpy(), table.numpy())),
-                "same_layout_iterations": int(again.optimizer.iterations.numpy()),
-                "same_layout_equal": all(
-                    np.array_equal(a.numpy(), b.numpy()) for a, b in zip(
-                        again.weights + again.optimizer.variables,
-                        sharded.weights + sharded.optimizer.variables))}
+            path
+        ).assert_existing_objects_matched()
+        return {
+            "local_device": plain_table.value.device,
+            "equal": bool(np.array_equal(plain_table.numpy(), table.numpy())),
+            "same_layout_iterations": int(again.optimizer.iterations.numpy()),
+            "same_layout_equal": all(
+                np.array_equal(a.numpy(), b.numpy())
+                for a, b in zip(
+                    again.weights + again.optimizer.variables,
+                    sharded.weights + sharded.optimizer.variables,
+                )
+            ),
+        }
 
     result["checkpoint"] = _attempt(checkpoint)
 
@@ -210,8 +263,7 @@ def fixes_in_one_process(out_dir):
         sharded.save_weights(path)
         plain = _embedding_model(keras)
         plain.load_weights(path)
-        return bool(np.array_equal(plain.get_layer("table").embeddings.numpy(),
-                                   table.numpy()))
+        return bool(np.array_equal(plain.get_layer("table").embeddings.numpy(), table.numpy()))
 
     result["weights_file"] = _attempt(weights_file)
 
@@ -223,10 +275,13 @@ def fixes_in_one_process(out_dir):
             model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
             model.compile(optimizer="sgd", loss="mse")
         model.fit(x, y, batch_size=16, epochs=2, verbose=0)
-        return {"iterations": int(model.optimizer.iterations.numpy()),
-                "evaluate": model.evaluate(x, y, batch_size=16, verbose=0),
-                "predict_vs_call": float(np.max(np.abs(model.predict(x, verbose=0)
-                                                       - model(x).numpy())))}
+        return {
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "evaluate": model.evaluate(x, y, batch_size=16, verbose=0),
+            "predict_vs_call": float(
+                np.max(np.abs(model.predict(x, verbose=0) - model(x).numpy()))
+            ),
+        }
 
     result["plain"] = _attempt(plain)
     return result
@@ -234,24 +289,35 @@ def fixes_in_one_process(out_dir):
 
 @pytest.fixture(scope="module")
 def with_fixes(tmp_path_factory):
-    runs = run_cluster(fixes_in_one_process, workers=1, timeout=300,
-                       args=(str(tmp_path_factory.mktemp("with-fixes")),))
+    runs = run_cluster(
+        fixes_in_one_process,
+        workers=1,
+        timeout=300,
+        args=(str(tmp_path_factory.mktemp("with-fixes")),),
+    )
     return runs["worker:0"].value
 
 
 @pytest.fixture(scope="module")
 def without_fixes(tmp_path_factory):
-    runs = run_cluster(fixes_in_one_process, workers=1, timeout=300,
-                       args=(str(tmp_path_factory.mktemp("without-fixes")),),
-                       env={"TFDIST_KERAS_FIXES": "0"})
+    runs = run_cluster(
+        fixes_in_one_process,
+        workers=1,
+        timeout=300,
+        args=(str(tmp_path_factory.mktemp("without-fixes")),),
+        env={"TFDIST_KERAS_FIXES": "0"},
+    )
     return runs["worker:0"].value
 
 
 @pytest.mark.slow
 def test_the_parameter_server_fixes_are_registered_and_applied(with_fixes, without_fixes):
-    names = {"parameter_server_atomic_assign_add",
-             "parameter_server_sharded_trainable_variables",
-             "parameter_server_sharded_checkpoint", "parameter_server_fit_evaluate_predict"}
+    names = {
+        "parameter_server_atomic_assign_add",
+        "parameter_server_sharded_trainable_variables",
+        "parameter_server_sharded_checkpoint",
+        "parameter_server_fit_evaluate_predict",
+    }
     assert names <= set(with_fixes["fixes"])
     assert not names & set(without_fixes["fixes"])
 
@@ -287,8 +353,10 @@ def test_both_ways_of_scheduling_count_every_step(with_fixes):
 @pytest.mark.slow
 def test_plain_fit_evaluate_predict_on_parameter_server(with_fixes, without_fixes):
     # upstream: Keras 3's fit has no parameter-server support (keras-team/keras#18624)
-    assert ("you need to pass this dataset to ClusterCoordinator.create_per_worker_dataset"
-            in without_fixes["plain"]["error"])
+    assert (
+        "you need to pass this dataset to ClusterCoordinator.create_per_worker_dataset"
+        in without_fixes["plain"]["error"]
+    )
     plain = with_fixes["plain"]["ok"]
     assert plain["iterations"] == 2 * 256 // 16  # one pass over the arrays per epoch
     assert isinstance(plain["evaluate"], float)  # the loss alone: a scalar, as in Keras
@@ -300,7 +368,9 @@ def test_an_embedding_table_sharded_over_two_ps_trains(with_fixes, without_fixes
     assert "'ShardedVariable' object has no attribute 'handle'" in without_fixes["train"]["error"]
     # two shards of 500 rows, one on each ps task (placed round-robin)
     assert sorted((d.split("/device")[0], s) for d, s in with_fixes["shards"]) == [
-        ("/job:ps/replica:0/task:0", [500, DIM]), ("/job:ps/replica:0/task:1", [500, DIM])]
+        ("/job:ps/replica:0/task:0", [500, DIM]),
+        ("/job:ps/replica:0/task:1", [500, DIM]),
+    ]
     train = with_fixes["train"]["ok"]
     assert train["iterations"] == 40
     assert train["rows_changed"] > VOCAB // 2
@@ -311,10 +381,12 @@ def test_an_embedding_table_sharded_over_two_ps_trains(with_fixes, without_fixes
 
 
 @pytest.mark.slow
-def test_a_sharded_model_checkpoints_and_restores_into_a_model_with_no_ps(with_fixes,
-                                                                          without_fixes):
-    assert "'ShardedVariable' object has no attribute 'device'" in \
-        without_fixes["checkpoint"]["error"]
+def test_a_sharded_model_checkpoints_and_restores_into_a_model_with_no_ps(
+    with_fixes, without_fixes
+):
+    assert (
+        "'ShardedVariable' object has no attribute 'device'" in without_fixes["checkpoint"]["error"]
+    )
     restored = with_fixes["checkpoint"]["ok"]
     assert "/job:ps" not in restored["local_device"]
     assert restored["equal"]

@@ -56,7 +56,8 @@ _SERVER_WRAPPER = (
     "with open(sys.argv[1] + '.tmp', 'w') as f:\n"
     "    f.write(str(server.pid))\n"
     "os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
-    "server.wait()\n")
+    "server.wait()\n"
+)
 
 
 # ------------------------------------------------------------------ data and model (chief)
@@ -74,9 +75,11 @@ def _dataset(input_context, every_ms=0):
     from tensorflow.python.data.experimental.ops import testing as data_testing
 
     dataset = tf.data.Dataset.from_tensor_slices(_blobs()).shard(
-        input_context.num_input_pipelines, input_context.input_pipeline_id)
+        input_context.num_input_pipelines, input_context.input_pipeline_id
+    )
     dataset = dataset.shuffle(512, seed=input_context.input_pipeline_id).batch(
-        BATCH, drop_remainder=True)
+        BATCH, drop_remainder=True
+    )
     if every_ms:  # SleepDataset: made on the coordinator, runs in the worker's input pipeline
         dataset = dataset.apply(data_testing.sleep(int(every_ms * 1000)))
         # and no prefetching ahead of the steps (tf.data injects a prefetch by default): a
@@ -98,11 +101,18 @@ def plain_dataset_fn(input_context):
 
 def _model(keras):
     keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(32, activation="relu"),
-                              keras.layers.Dense(CLASSES)])
-    model.compile(optimizer=keras.optimizers.Adam(0.01),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")])
+    model = keras.Sequential(
+        [
+            keras.Input((FEATURES,)),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(CLASSES),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")],
+    )
     return model
 
 
@@ -136,9 +146,12 @@ def ps_job(out_dir):
     class CheckpointEachEpoch(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             saved["path"] = checkpoint.save(os.path.join(out_dir, "ckpt", "ckpt"))
-            saved.update(epoch=epoch, iterations=_iterations(model),
-                         weights=[w.numpy() for w in model.weights],
-                         optimizer=[v.numpy() for v in model.optimizer.variables])
+            saved.update(
+                epoch=epoch,
+                iterations=_iterations(model),
+                weights=[w.numpy() for w in model.weights],
+                optimizer=[v.numpy() for v in model.optimizer.variables],
+            )
 
     class KillThePs(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -151,13 +164,24 @@ def ps_job(out_dir):
 
     error = None
     try:
-        fit_parameter_server(model, strategy, paced_dataset_fn, epochs=PS_EPOCHS,
-                             steps_per_epoch=STEPS, steps_per_execution=K, verbose=0,
-                             callbacks=[CheckpointEachEpoch(), KillThePs()])
+        fit_parameter_server(
+            model,
+            strategy,
+            paced_dataset_fn,
+            epochs=PS_EPOCHS,
+            steps_per_epoch=STEPS,
+            steps_per_execution=K,
+            verbose=0,
+            callbacks=[CheckpointEachEpoch(), KillThePs()],
+        )
     except Exception as err:  # pylint: disable=broad-except
-        error = {"type": type(err).__name__, "module": type(err).__module__,
-                 "message": str(err), "tasks": getattr(err, "tasks", None),
-                 "seconds": time.monotonic() - killed.get("at", time.monotonic())}
+        error = {
+            "type": type(err).__name__,
+            "module": type(err).__module__,
+            "message": str(err),
+            "tasks": getattr(err, "tasks", None),
+            "seconds": time.monotonic() - killed.get("at", time.monotonic()),
+        }
     return {"error": error, "saved": saved, "killed_at_iterations": killed.get("iterations")}
 
 
@@ -176,13 +200,16 @@ def worker_job(out_dir, checkpoint_path):
     with strategy.scope():
         model = _model(keras)
     build_model(model, strategy, plain_dataset_fn)
-    status = tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(
-        checkpoint_path)
+    status = tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(checkpoint_path)
     status.assert_existing_objects_matched()
-    restored = {"iterations": _iterations(model), "weights": [w.numpy() for w in model.weights],
-                "optimizer": [v.numpy() for v in model.optimizer.variables]}
-    before = evaluate_parameter_server(model, strategy, plain_dataset_fn, steps=8,
-                                       return_dict=True, verbose=0)
+    restored = {
+        "iterations": _iterations(model),
+        "weights": [w.numpy() for w in model.weights],
+        "optimizer": [v.numpy() for v in model.optimizer.variables],
+    }
+    before = evaluate_parameter_server(
+        model, strategy, plain_dataset_fn, steps=8, return_dict=True, verbose=0
+    )
 
     warnings = []
     handler = logging.Handler(logging.WARNING)
@@ -215,8 +242,7 @@ def worker_job(out_dir, checkpoint_path):
                 remaining = runner._bases[slot] - int(runner._progress.numpy()[slot])
                 if 2 <= remaining <= K - 1:  # at least 1 step applied, at least 2 to go
                     os.kill(_server_pid(out_dir, "worker:1"), signal.SIGKILL)
-                    killed.update(slot=slot, applied=K - remaining,
-                                  iterations=_iterations(model))
+                    killed.update(slot=slot, applied=K - remaining, iterations=_iterations(model))
                     return
             time.sleep(0.02)
 
@@ -224,17 +250,31 @@ def worker_job(out_dir, checkpoint_path):
     killer.start()
     try:
         history = fit_parameter_server(
-            model, strategy, paced_dataset_fn, epochs=WORKER_EPOCHS, steps_per_epoch=STEPS,
-            steps_per_execution=K, verbose=0)
+            model,
+            strategy,
+            paced_dataset_fn,
+            epochs=WORKER_EPOCHS,
+            steps_per_epoch=STEPS,
+            steps_per_execution=K,
+            verbose=0,
+        )
     finally:
         stop.set()
         killer.join(timeout=10)
         _coordinator._Group.__call__ = original_call
-    after = evaluate_parameter_server(model, strategy, plain_dataset_fn, steps=8,
-                                      return_dict=True, verbose=0)
-    return {"restored": restored, "killed": dict(killed), "history": history.history,
-            "iterations": _iterations(model), "weights": [w.numpy() for w in model.weights],
-            "before": before, "after": after, "warnings": warnings}
+    after = evaluate_parameter_server(
+        model, strategy, plain_dataset_fn, steps=8, return_dict=True, verbose=0
+    )
+    return {
+        "restored": restored,
+        "killed": dict(killed),
+        "history": history.history,
+        "iterations": _iterations(model),
+        "weights": [w.numpy() for w in model.weights],
+        "before": before,
+        "after": after,
+        "warnings": warnings,
+    }
 
 
 # ---------------------------------------------------------------------------- the driver
@@ -253,19 +293,38 @@ def _run_job(fn, out_dir, *args):
     with open(call_file, "wb") as f:
         pickle.dump(((str(out_dir),) + args, {}), f)
     paths = [os.path.dirname(source)] + [p for p in sys.path if p and os.path.isdir(p)]
-    plans = plan_job("tfdist._run", [module, qualname, source, call_file, str(out_dir)],
-                     workers=2, ps=1, module=True,
-                     extra_env={"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
-                                "TF_CPP_MIN_LOG_LEVEL": "2"})
-    plans = [dataclasses.replace(p, argv=(sys.executable, "-c", _SERVER_WRAPPER,
-                                          os.path.join(out_dir, p.task.replace(":", "-")
-                                                       + ".pid")) + tuple(p.argv))
-             if p.serves else p for p in plans]
+    plans = plan_job(
+        "tfdist._run",
+        [module, qualname, source, call_file, str(out_dir)],
+        workers=2,
+        ps=1,
+        module=True,
+        extra_env={
+            "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+        },
+    )
+    plans = [
+        dataclasses.replace(
+            p,
+            argv=(
+                sys.executable,
+                "-c",
+                _SERVER_WRAPPER,
+                os.path.join(out_dir, p.task.replace(":", "-") + ".pid"),
+            )
+            + tuple(p.argv),
+        )
+        if p.serves
+        else p
+        for p in plans
+    ]
     started = time.monotonic()
     result = run_job(plans, timeout=JOB_TIMEOUT, grace=3.0, quiet=True)
     seconds = time.monotonic() - started
-    tails = "\n".join(f"--- {name} (exit {r.returncode})\n{r.tail}"
-                      for name, r in result.tasks.items())
+    tails = "\n".join(
+        f"--- {name} (exit {r.returncode})\n{r.tail}" for name, r in result.tasks.items()
+    )
     chief_output = "\n".join(result.tasks["chief:0"].output)
     with open(os.path.join(out_dir, "chief-0.pkl"), "rb") as f:
         status, value = pickle.load(f)
@@ -305,13 +364,13 @@ def test_a_lost_ps_stops_training_within_seconds_with_an_error_naming_it(ps_lost
 
 
 @slow
-def test_the_checkpoint_saved_before_the_ps_was_lost_restores_in_a_fresh_job(ps_lost,
-                                                                               worker_lost):
+def test_the_checkpoint_saved_before_the_ps_was_lost_restores_in_a_fresh_job(ps_lost, worker_lost):
     saved, restored = ps_lost["saved"], worker_lost["restored"]
     assert saved["epoch"] == KILL_EPOCH - 1  # the last epoch that ended before the kill
     assert saved["iterations"] == restored["iterations"] == KILL_EPOCH * STEPS
-    for want, got in zip(saved["weights"] + saved["optimizer"],
-                         restored["weights"] + restored["optimizer"]):
+    for want, got in zip(
+        saved["weights"] + saved["optimizer"], restored["weights"] + restored["optimizer"]
+    ):
         np.testing.assert_array_equal(want, got)
 
 
@@ -327,8 +386,7 @@ def test_a_lost_worker_costs_no_step_and_applies_none_twice(worker_lost):
     # the group worker 1 had partly applied ran again on worker 0, for its missing steps only
     reruns = [w for w in worker_lost["warnings"] if "ran again" in w]
     assert reruns, worker_lost["output"][-3000:]
-    applied = [int(re.search(r"(\d+) of its steps had been applied", w).group(1))
-               for w in reruns]
+    applied = [int(re.search(r"(\d+) of its steps had been applied", w).group(1)) for w in reruns]
     assert len(reruns) == 1 and applied[0] >= killed["applied"], (killed, reruns)
     assert all("worker/replica:0/task:0" in w for w in reruns)
 
@@ -340,8 +398,10 @@ def test_nothing_applied_before_the_worker_was_lost_is_lost(worker_lost):
     assert after["loss"] < before["loss"]
     assert after["acc"] >= before["acc"] - 0.02
     assert after["acc"] > 0.85
-    changed = [not np.array_equal(a, b) for a, b in zip(worker_lost["restored"]["weights"],
-                                                          worker_lost["weights"])]
+    changed = [
+        not np.array_equal(a, b)
+        for a, b in zip(worker_lost["restored"]["weights"], worker_lost["weights"])
+    ]
     assert all(changed)
 
 

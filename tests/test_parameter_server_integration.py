@@ -38,7 +38,8 @@ def _blobs(n=2048):
 def _shard_and_batch(dataset, input_context, batch=32):
     dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     return dataset.shuffle(256, seed=input_context.input_pipeline_id).batch(
-        batch, drop_remainder=True)
+        batch, drop_remainder=True
+    )
 
 
 def blobs_dataset_fn(input_context):
@@ -53,8 +54,7 @@ def dict_dataset_fn(input_context):
     import tensorflow as tf
 
     x, y = _blobs()
-    return _shard_and_batch(tf.data.Dataset.from_tensor_slices(({"features": x}, y)),
-                            input_context)
+    return _shard_and_batch(tf.data.Dataset.from_tensor_slices(({"features": x}, y)), input_context)
 
 
 def weighted_dataset_fn(input_context):
@@ -81,9 +81,12 @@ def ids_dataset_fn(input_context):
 
 
 def _compile(keras, model, **options):
-    model.compile(optimizer=keras.optimizers.Adam(0.02),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")], **options)
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.02),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")],
+        **options,
+    )
     return model
 
 
@@ -94,9 +97,17 @@ def functional(keras, **options):
 
 
 def sequential(keras, **options):
-    return _compile(keras, keras.Sequential([
-        keras.Input((FEATURES,)), keras.layers.Dense(32, activation="relu"),
-        keras.layers.Dense(CLASSES)]), **options)
+    return _compile(
+        keras,
+        keras.Sequential(
+            [
+                keras.Input((FEATURES,)),
+                keras.layers.Dense(32, activation="relu"),
+                keras.layers.Dense(CLASSES),
+            ]
+        ),
+        **options,
+    )
 
 
 def subclassed(keras, **options):
@@ -117,8 +128,10 @@ def embedding(keras):
     table = keras.layers.Embedding(VOCAB, DIM, name="table")(inputs)
     outputs = keras.layers.Dense(1)(keras.layers.Flatten()(table))
     model = keras.Model(inputs, outputs)
-    model.compile(optimizer=keras.optimizers.Adam(0.05),
-                  loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.05),
+        loss=keras.losses.BinaryCrossentropy(from_logits=True),
+    )
     return model
 
 
@@ -146,20 +159,38 @@ def plain_keras_idiom(keras, strategy, steps_per_epoch=None, validation_steps=No
     x, y = _blobs(512)
     with strategy.scope():
         model = sequential(keras)
-    arrays = model.fit(x, y, batch_size=32, epochs=2, validation_split=0.25, verbose=0,
-                       steps_per_epoch=steps_per_epoch, validation_steps=validation_steps)
+    arrays = model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=2,
+        validation_split=0.25,
+        verbose=0,
+        steps_per_epoch=steps_per_epoch,
+        validation_steps=validation_steps,
+    )
     after_arrays = _iterations(model)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
-    batched = model.fit(dataset, epochs=1, validation_data=dataset, verbose=0,
-                        steps_per_epoch=steps_per_epoch and 16,
-                        validation_steps=validation_steps)
+    batched = model.fit(
+        dataset,
+        epochs=1,
+        validation_data=dataset,
+        verbose=0,
+        steps_per_epoch=steps_per_epoch and 16,
+        validation_steps=validation_steps,
+    )
     predicted = model.predict(x, batch_size=64, verbose=0)
-    return {"arrays": arrays.history, "iterations_after_arrays": after_arrays,
-            "dataset": batched.history, "iterations": _iterations(model),
-            "evaluate": model.evaluate(x, y, batch_size=64, return_dict=True, verbose=0,
-                                       steps=validation_steps and 8),
-            "predict_shape": list(predicted.shape),
-            "predict_vs_call": float(np.max(np.abs(predicted - model(x).numpy())))}
+    return {
+        "arrays": arrays.history,
+        "iterations_after_arrays": after_arrays,
+        "dataset": batched.history,
+        "iterations": _iterations(model),
+        "evaluate": model.evaluate(
+            x, y, batch_size=64, return_dict=True, verbose=0, steps=validation_steps and 8
+        ),
+        "predict_shape": list(predicted.shape),
+        "predict_vs_call": float(np.max(np.abs(predicted - model(x).numpy()))),
+    }
 
 
 def keras3_job(out_dir):
@@ -171,31 +202,45 @@ def keras3_job(out_dir):
 
     keras = _compat.keras()
     # "auto" in the chief of a job with ps tasks: parameter_server
-    strategy = tfdist.make_strategy(variable_partitioner="min_size",
-                                    min_shard_bytes=SHARD_BYTES)
+    strategy = tfdist.make_strategy(variable_partitioner="min_size", min_shard_bytes=SHARD_BYTES)
     result = {"strategy": type(strategy).__name__, "keras": keras.__name__}
 
     # three kinds of models, three kinds of data, three ways to set steps_per_execution
-    runs = {"functional": (functional, dict_dataset_fn, dict(steps_per_execution=3), {}),
-            "sequential": (sequential, weighted_dataset_fn, {}, dict(steps_per_execution=4)),
-            "subclassed": (subclassed, blobs_dataset_fn, {}, {})}
+    runs = {
+        "functional": (functional, dict_dataset_fn, dict(steps_per_execution=3), {}),
+        "sequential": (sequential, weighted_dataset_fn, {}, dict(steps_per_execution=4)),
+        "subclassed": (subclassed, blobs_dataset_fn, {}, {}),
+    }
     for kind, (build, dataset_fn, compiled, passed) in runs.items():
         with strategy.scope():
             model = build(keras, **compiled)
-        history = fit_parameter_server(model, strategy, dataset_fn, epochs=EPOCHS,
-                                       steps_per_epoch=STEPS, verbose=0,
-                                       validation_dataset_fn=dataset_fn, validation_steps=3,
-                                       **passed)
+        history = fit_parameter_server(
+            model,
+            strategy,
+            dataset_fn,
+            epochs=EPOCHS,
+            steps_per_epoch=STEPS,
+            verbose=0,
+            validation_dataset_fn=dataset_fn,
+            validation_steps=3,
+            **passed,
+        )
         result[kind] = {
-            "history": history.history, "epochs": history.epoch,
+            "history": history.history,
+            "epochs": history.epoch,
             "iterations": _iterations(model),
-            "jobs": _jobs(model.weights + model.optimizer.variables + model.metrics_variables)}
+            "jobs": _jobs(model.weights + model.optimizer.variables + model.metrics_variables),
+        }
         if kind == "functional":
             path = tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(
-                os.path.join(out_dir, "dense", "ckpt"))
-            result["dense"] = {"path": path, "iterations": _iterations(model),
-                               "weights": _values(model.weights),
-                               "optimizer": _values(model.optimizer.variables)}
+                os.path.join(out_dir, "dense", "ckpt")
+            )
+            result["dense"] = {
+                "path": path,
+                "iterations": _iterations(model),
+                "weights": _values(model.weights),
+                "optimizer": _values(model.optimizer.variables),
+            }
 
     # callbacks: batch hooks per scheduled group, EarlyStopping, LearningRateScheduler,
     # ModelCheckpoint
@@ -224,36 +269,63 @@ def keras3_job(out_dir):
         # loss falls every epoch, so in "max" mode the second epoch is no improvement: stop
         keras.callbacks.EarlyStopping(monitor="loss", mode="max", patience=1),
         keras.callbacks.LearningRateScheduler(lambda epoch, lr: 0.01 * (epoch + 1)),
-        keras.callbacks.ModelCheckpoint(os.path.join(out_dir, "epoch-{epoch}.weights.h5"),
-                                        save_weights_only=True),
+        keras.callbacks.ModelCheckpoint(
+            os.path.join(out_dir, "epoch-{epoch}.weights.h5"), save_weights_only=True
+        ),
     ]
-    history = fit_parameter_server(model, strategy, dict_dataset_fn, epochs=6,
-                                   steps_per_epoch=STEPS, steps_per_execution=4,
-                                   callbacks=callbacks, verbose=0)
+    history = fit_parameter_server(
+        model,
+        strategy,
+        dict_dataset_fn,
+        epochs=6,
+        steps_per_epoch=STEPS,
+        steps_per_execution=4,
+        callbacks=callbacks,
+        verbose=0,
+    )
     result["callbacks"] = {
-        "history": history.history, "iterations": _iterations(model),
-        "stop_training": model.stop_training, "events": recorder.events,
+        "history": history.history,
+        "iterations": _iterations(model),
+        "stop_training": model.stop_training,
+        "events": recorder.events,
         "learning_rate": float(model.optimizer.learning_rate.numpy()),
-        "files": sorted(f for f in os.listdir(out_dir) if f.endswith(".h5"))}
+        "files": sorted(f for f in os.listdir(out_dir) if f.endswith(".h5")),
+    }
     result["evaluate"] = {
-        "dict": evaluate_parameter_server(model, strategy, dict_dataset_fn, steps=5,
-                                          return_dict=True, verbose=0),
-        "list": evaluate_parameter_server(model, strategy, dict_dataset_fn, steps=5,
-                                          steps_per_execution=2, verbose=0)}
+        "dict": evaluate_parameter_server(
+            model, strategy, dict_dataset_fn, steps=5, return_dict=True, verbose=0
+        ),
+        "list": evaluate_parameter_server(
+            model, strategy, dict_dataset_fn, steps=5, steps_per_execution=2, verbose=0
+        ),
+    }
 
     # an embedding table sharded over both ps tasks
     with strategy.scope():
         model = embedding(keras)
     table = model.get_layer("table").embeddings
-    history = fit_parameter_server(model, strategy, ids_dataset_fn, epochs=3,
-                                   steps_per_epoch=25, steps_per_execution=5, verbose=0)
+    history = fit_parameter_server(
+        model,
+        strategy,
+        ids_dataset_fn,
+        epochs=3,
+        steps_per_epoch=25,
+        steps_per_execution=5,
+        verbose=0,
+    )
     path = tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(
-        os.path.join(out_dir, "sharded", "ckpt"))
+        os.path.join(out_dir, "sharded", "ckpt")
+    )
     result["sharded"] = {
-        "path": path, "loss": history.history["loss"], "iterations": _iterations(model),
-        "shards": [(v.device.split("/device")[0], v.shape.as_list())
-                   for v in table._value.variables],
-        "table": table.numpy(), "weights": _values(model.weights)}
+        "path": path,
+        "loss": history.history["loss"],
+        "iterations": _iterations(model),
+        "shards": [
+            (v.device.split("/device")[0], v.shape.as_list()) for v in table._value.variables
+        ],
+        "table": table.numpy(),
+        "weights": _values(model.weights),
+    }
     result["plain"] = plain_keras_idiom(keras, strategy)
     return result
 
@@ -272,13 +344,25 @@ def resume_job(out_dir, dense, sharded_path):
     build_model(model, strategy, dict_dataset_fn)
     status = tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(dense)
     status.assert_existing_objects_matched()
-    result = {"workers": strategy.extended._num_workers,
-              "restored": {"iterations": _iterations(model), "weights": _values(model.weights),
-                           "optimizer": _values(model.optimizer.variables),
-                           "jobs": _jobs(model.weights + model.optimizer.variables)}}
-    history = fit_parameter_server(model, strategy, dict_dataset_fn, epochs=EPOCHS + 1,
-                                   initial_epoch=EPOCHS, steps_per_epoch=11,
-                                   steps_per_execution=4, verbose=0)
+    result = {
+        "workers": strategy.extended._num_workers,
+        "restored": {
+            "iterations": _iterations(model),
+            "weights": _values(model.weights),
+            "optimizer": _values(model.optimizer.variables),
+            "jobs": _jobs(model.weights + model.optimizer.variables),
+        },
+    }
+    history = fit_parameter_server(
+        model,
+        strategy,
+        dict_dataset_fn,
+        epochs=EPOCHS + 1,
+        initial_epoch=EPOCHS,
+        steps_per_epoch=11,
+        steps_per_execution=4,
+        verbose=0,
+    )
     result["resumed"] = {"iterations": _iterations(model), "epochs": history.epoch}
 
     # the table that was sharded over 2 ps tasks, into a model on this job's single ps
@@ -299,18 +383,37 @@ def single_job(out_dir):
     strategy = tfdist.make_strategy()
     with strategy.scope():
         model = sequential(keras)
-    history = fit_parameter_server(model, strategy, blobs_dataset_fn, epochs=2,
-                                   steps_per_epoch=7, steps_per_execution=3, verbose=0)
-    result = {"workers": strategy.extended._num_workers, "iterations": _iterations(model),
-              "loss": history.history["loss"]}
+    history = fit_parameter_server(
+        model,
+        strategy,
+        blobs_dataset_fn,
+        epochs=2,
+        steps_per_epoch=7,
+        steps_per_execution=3,
+        verbose=0,
+    )
+    result = {
+        "workers": strategy.extended._num_workers,
+        "iterations": _iterations(model),
+        "loss": history.history["loss"],
+    }
     result["backup"] = _interrupted_and_resumed(keras, strategy, out_dir)
     # no steps_per_epoch: an epoch is one pass over the arrays, ceil(500 / 32) = 16 steps
     x, y = _blobs(500)
-    history = tfdist.fit(lambda: sequential(keras), (x, y), strategy=strategy,
-                         global_batch_size=32, epochs=2, verbose=0)
-    result["one_pass"] = {"iterations": _iterations(history.model),
-                          "evaluate": tfdist.evaluate(history.model, (x, y), strategy=strategy,
-                                                      global_batch_size=32, verbose=0)}
+    history = tfdist.fit(
+        lambda: sequential(keras),
+        (x, y),
+        strategy=strategy,
+        global_batch_size=32,
+        epochs=2,
+        verbose=0,
+    )
+    result["one_pass"] = {
+        "iterations": _iterations(history.model),
+        "evaluate": tfdist.evaluate(
+            history.model, (x, y), strategy=strategy, global_batch_size=32, verbose=0
+        ),
+    }
     return result
 
 
@@ -339,17 +442,28 @@ def _interrupted_and_resumed(keras, strategy, out_dir):
                 raise KeyboardInterrupt("the job is interrupted")
 
     def fit(run):
-        return tfdist.fit(lambda: sequential(keras), (x, y), strategy=strategy,
-                          global_batch_size=32, epochs=4, steps_per_epoch=5, verbose=0,
-                          callbacks=[keras.callbacks.BackupAndRestore(backup), Record(run)])
+        return tfdist.fit(
+            lambda: sequential(keras),
+            (x, y),
+            strategy=strategy,
+            global_batch_size=32,
+            epochs=4,
+            steps_per_epoch=5,
+            verbose=0,
+            callbacks=[keras.callbacks.BackupAndRestore(backup), Record(run)],
+        )
 
     try:
         fit("first")
     except KeyboardInterrupt:
         pass
     history = fit("second")
-    return dict(seen, history_epochs=history.epoch, backup_left=os.path.exists(backup),
-                iterations=_iterations(history.model))
+    return dict(
+        seen,
+        history_epochs=history.epoch,
+        backup_left=os.path.exists(backup),
+        iterations=_iterations(history.model),
+    )
 
 
 def tf_keras_job():
@@ -362,14 +476,26 @@ def tf_keras_job():
     with strategy.scope():
         model = functional(keras, steps_per_execution=3)
     history = fit_parameter_server(
-        model, strategy, dict_dataset_fn, epochs=EPOCHS, steps_per_epoch=STEPS,
-        validation_dataset_fn=dict_dataset_fn, validation_steps=3, verbose=0,
-        callbacks=[keras.callbacks.LearningRateScheduler(lambda epoch, lr: 0.01 * (epoch + 1))])
-    return {"keras": keras.__name__, "history": history.history, "iterations": _iterations(model),
-            "jobs": _jobs(model.weights),
-            "evaluate": evaluate_parameter_server(model, strategy, dict_dataset_fn, steps=4,
-                                                  return_dict=True, verbose=0),
-            "plain": plain_keras_idiom(keras, strategy, steps_per_epoch=12, validation_steps=4)}
+        model,
+        strategy,
+        dict_dataset_fn,
+        epochs=EPOCHS,
+        steps_per_epoch=STEPS,
+        validation_dataset_fn=dict_dataset_fn,
+        validation_steps=3,
+        verbose=0,
+        callbacks=[keras.callbacks.LearningRateScheduler(lambda epoch, lr: 0.01 * (epoch + 1))],
+    )
+    return {
+        "keras": keras.__name__,
+        "history": history.history,
+        "iterations": _iterations(model),
+        "jobs": _jobs(model.weights),
+        "evaluate": evaluate_parameter_server(
+            model, strategy, dict_dataset_fn, steps=4, return_dict=True, verbose=0
+        ),
+        "plain": plain_keras_idiom(keras, strategy, steps_per_epoch=12, validation_steps=4),
+    }
 
 
 # ----------------------------------------------------------------------------- the jobs
@@ -389,8 +515,13 @@ def keras3(out_dir):
 
 @pytest.fixture(scope="module")
 def resumed(keras3, out_dir):
-    runs = run_cluster(resume_job, workers=3, ps=1, timeout=300,
-                       args=(str(out_dir), keras3["dense"]["path"], keras3["sharded"]["path"]))
+    runs = run_cluster(
+        resume_job,
+        workers=3,
+        ps=1,
+        timeout=300,
+        args=(str(out_dir), keras3["dense"]["path"], keras3["sharded"]["path"]),
+    )
     return runs["chief:0"].value
 
 
@@ -422,7 +553,7 @@ def test_each_kind_of_keras3_model_trains_with_its_compiled_loss_and_metrics(ker
 
 def test_batch_callbacks_run_once_per_scheduled_group_in_order(keras3):
     events = keras3["callbacks"]["events"]
-    first = events[:events.index(("epoch_begin", 1))]
+    first = events[: events.index(("epoch_begin", 1))]
     assert first[0] == ("epoch_begin", 0)
     # steps_per_execution=4 over 10 steps: groups 0-3, 4-7, 8-9
     assert [e[1] for e in first if e[0] == "batch_begin"] == [0, 4, 8]
@@ -465,8 +596,10 @@ def test_weights_files_from_model_checkpoint_load_into_a_local_model(keras3, out
 
 def test_an_embedding_table_sharded_over_two_ps_trains_in_a_real_cluster(keras3):
     run = keras3["sharded"]
-    assert sorted(run["shards"]) == [("/job:ps/replica:0/task:0", [500, DIM]),
-                                     ("/job:ps/replica:0/task:1", [500, DIM])]
+    assert sorted(run["shards"]) == [
+        ("/job:ps/replica:0/task:0", [500, DIM]),
+        ("/job:ps/replica:0/task:1", [500, DIM]),
+    ]
     assert run["iterations"] == 3 * 25
     assert run["loss"][-1] < run["loss"][0]
 
@@ -500,8 +633,9 @@ def test_a_sharded_checkpoint_restores_into_one_ps_and_into_a_local_model(keras3
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
-    runs = run_cluster(single_job, workers=1, ps=1, timeout=240,
-                       args=(str(tmp_path_factory.mktemp("single")),))
+    runs = run_cluster(
+        single_job, workers=1, ps=1, timeout=240, args=(str(tmp_path_factory.mktemp("single")),)
+    )
     return runs["chief:0"].value
 
 
@@ -545,8 +679,7 @@ def test_backup_and_restore_resumes_an_interrupted_fit_at_the_next_epoch(single)
 
 
 def test_the_same_calls_train_a_tf_keras_model():
-    runs = run_cluster(tf_keras_job, workers=2, ps=1, timeout=300,
-                       env={"TF_USE_LEGACY_KERAS": "1"})
+    runs = run_cluster(tf_keras_job, workers=2, ps=1, timeout=300, env={"TF_USE_LEGACY_KERAS": "1"})
     result = runs["chief:0"].value
     assert result["keras"] == "tf_keras"
     assert result["iterations"] == EPOCHS * STEPS

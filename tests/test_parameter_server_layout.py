@@ -39,8 +39,9 @@ def _same_command_everywhere(script, args):
 
 
 def _tails(result) -> str:
-    return "\n".join(f"--- {name} (exit {r.returncode})\n{r.tail}"
-                     for name, r in result.tasks.items())
+    return "\n".join(
+        f"--- {name} (exit {r.returncode})\n{r.tail}" for name, r in result.tasks.items()
+    )
 
 
 def _assert_ended_by_the_chief(result):

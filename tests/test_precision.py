@@ -36,19 +36,27 @@ def _fresh_precision_state():
 # ---------------------------------------------------------------- tier 1: the auto rules
 
 
-@pytest.mark.parametrize("gpus, flags, expected, reason", [
-    ([(8, 0)], set(), "mixed_bfloat16", r"1 GPU\(s\), lowest compute capability 8\.0 >= 8\.0"),
-    ([(9, 0), (8, 6)], {"avx2"}, "mixed_bfloat16", r"2 GPU\(s\), lowest compute capability 8\.6"),
-    ([(7, 0)], set(), "mixed_float16", r"7\.0 >= 7\.0: float16 tensor cores"),
-    ([(8, 0), (7, 5)], set(), "mixed_float16", r"lowest compute capability 7\.5"),
-    ([(6, 1)], {"amx_bf16"}, "float32", r"6\.1 < 7\.0: no tensor cores"),  # GPUs decide
-    ([(8, 0), None], set(), "float32", r"compute capability unknown"),
-    ([], {"avx2", "fma"}, "float32", r"CPU only, without native bfloat16"),
-    ([], {"avx512f", "avx512_bf16"}, "mixed_bfloat16", r"native bfloat16 \(avx512_bf16\)"),
-    ([], {"amx_tile", "amx_bf16", "amx_int8"}, "mixed_bfloat16", r"\(amx_bf16\)"),
-    ([], {"amx_tile"}, "float32", r"without native bfloat16"),
-    ([], set(), "float32", r"without native bfloat16"),
-])
+@pytest.mark.parametrize(
+    "gpus, flags, expected, reason",
+    [
+        ([(8, 0)], set(), "mixed_bfloat16", r"1 GPU\(s\), lowest compute capability 8\.0 >= 8\.0"),
+        (
+            [(9, 0), (8, 6)],
+            {"avx2"},
+            "mixed_bfloat16",
+            r"2 GPU\(s\), lowest compute capability 8\.6",
+        ),
+        ([(7, 0)], set(), "mixed_float16", r"7\.0 >= 7\.0: float16 tensor cores"),
+        ([(8, 0), (7, 5)], set(), "mixed_float16", r"lowest compute capability 7\.5"),
+        ([(6, 1)], {"amx_bf16"}, "float32", r"6\.1 < 7\.0: no tensor cores"),  # GPUs decide
+        ([(8, 0), None], set(), "float32", r"compute capability unknown"),
+        ([], {"avx2", "fma"}, "float32", r"CPU only, without native bfloat16"),
+        ([], {"avx512f", "avx512_bf16"}, "mixed_bfloat16", r"native bfloat16 \(avx512_bf16\)"),
+        ([], {"amx_tile", "amx_bf16", "amx_int8"}, "mixed_bfloat16", r"\(amx_bf16\)"),
+        ([], {"amx_tile"}, "float32", r"without native bfloat16"),
+        ([], set(), "float32", r"without native bfloat16"),
+    ],
+)
 def test_auto_rules_with_injected_devices(gpus, flags, expected, reason):
     policy, why = choose_policy(gpus, flags)
     assert policy == expected
@@ -57,8 +65,10 @@ def test_auto_rules_with_injected_devices(gpus, flags, expected, reason):
 
 def test_cpu_flags_from_cpuinfo(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 AVX512_BF16 amx_bf16\n\n"
-                       "processor\t: 1\nflags\t\t: fpu avx2\n")
+    cpuinfo.write_text(
+        "processor\t: 0\nflags\t\t: fpu avx2 AVX512_BF16 amx_bf16\n\n"
+        "processor\t: 1\nflags\t\t: fpu avx2\n"
+    )
     assert precision.cpu_flags(str(cpuinfo)) == {"fpu", "avx2", "AVX512_BF16", "amx_bf16"}
     assert precision.cpu_flags(str(tmp_path / "missing")) == set()
     arm = tmp_path / "arm"
@@ -66,21 +76,34 @@ def test_cpu_flags_from_cpuinfo(tmp_path):
     assert choose_policy([], precision.cpu_flags(str(arm)))[0] == "mixed_bfloat16"
 
 
-@pytest.mark.parametrize("policy, error, match", [
-    ("mixed_fp16", ValueError, r"policy='mixed_fp16' is not a known precision policy\. Choose "
-                               r"one of: auto, float32, mixed_float16, mixed_bfloat16"),
-    ("bf16-mixed", ValueError, r"policy='bf16-mixed' is not a known"),
-    ("float16", ValueError, r"Choose one of"),
-    (16, TypeError, r"must be a string\. Received: policy=16 \(of type int\)"),
-])
+@pytest.mark.parametrize(
+    "policy, error, match",
+    [
+        (
+            "mixed_fp16",
+            ValueError,
+            r"policy='mixed_fp16' is not a known precision policy\. Choose "
+            r"one of: auto, float32, mixed_float16, mixed_bfloat16",
+        ),
+        ("bf16-mixed", ValueError, r"policy='bf16-mixed' is not a known"),
+        ("float16", ValueError, r"Choose one of"),
+        (16, TypeError, r"must be a string\. Received: policy=16 \(of type int\)"),
+    ],
+)
 def test_unknown_policy_names_are_refused_with_the_choices(policy, error, match):
     with pytest.raises(error, match=match):
         precision.set_precision(policy)
 
 
-@pytest.mark.parametrize("gpus, flags, expected", [
-    ([(8, 6)], set(), "mixed_bfloat16"), ([(7, 5)], set(), "mixed_float16"),
-    ([], {"avx2"}, "float32"), ([], {"amx_bf16"}, "mixed_bfloat16")])
+@pytest.mark.parametrize(
+    "gpus, flags, expected",
+    [
+        ([(8, 6)], set(), "mixed_bfloat16"),
+        ([(7, 5)], set(), "mixed_float16"),
+        ([], {"avx2"}, "float32"),
+        ([], {"amx_bf16"}, "mixed_bfloat16"),
+    ],
+)
 def test_set_precision_auto_applies_the_choice(monkeypatch, gpus, flags, expected):
     import keras
 
@@ -125,9 +148,12 @@ def test_only_the_chief_logs_and_warns(monkeypatch, caplog):
 
 
 def test_mixed_float16_without_a_gpu_warns_once_and_explains_the_cost():
-    with pytest.warns(UserWarning, match=r"'mixed_float16' on a host without GPUs: CPUs have no "
-                      r"fast float16 arithmetic.*Expect no speed-up over float32 \(often a "
-                      r"slowdown\).*HINT: use 'float32' or 'auto'") as record:
+    with pytest.warns(
+        UserWarning,
+        match=r"'mixed_float16' on a host without GPUs: CPUs have no "
+        r"fast float16 arithmetic.*Expect no speed-up over float32 \(often a "
+        r"slowdown\).*HINT: use 'float32' or 'auto'",
+    ) as record:
         precision.set_precision("mixed_float16")
     assert record[0].filename == __file__  # points at the caller's line
     with warnings.catch_warnings(record=True) as caught:
@@ -158,9 +184,12 @@ def test_check_model_outputs_warns_about_16_bit_outputs():
     hidden = keras.layers.Dense(4)(inputs)
     bad = keras.Model(inputs, keras.layers.Dense(1, name="head")(hidden), name="bad")
     good = keras.Model(inputs, keras.layers.Dense(1, dtype="float32")(hidden))
-    with pytest.warns(UserWarning, match=r"Model 'bad' under precision 'mixed_float16' outputs "
-                      r"16-bit floats: head \(float16\).*HINT: give the last layer "
-                      r"dtype='float32'"):
+    with pytest.warns(
+        UserWarning,
+        match=r"Model 'bad' under precision 'mixed_float16' outputs "
+        r"16-bit floats: head \(float16\).*HINT: give the last layer "
+        r"dtype='float32'",
+    ):
         assert precision.check_model_outputs(bad) == [("head", "float16")]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -185,8 +214,10 @@ def test_wrap_optimizer_wraps_only_for_mixed_float16_and_never_twice():
     assert isinstance(wrapped, keras.optimizers.LossScaleOptimizer)
     assert wrapped.inner_optimizer is sgd
     assert precision.wrap_optimizer(wrapped, policy="mixed_float16") is wrapped
-    assert isinstance(precision.wrap_optimizer("adam", policy="mixed_float16"),
-                      keras.optimizers.LossScaleOptimizer)
+    assert isinstance(
+        precision.wrap_optimizer("adam", policy="mixed_float16"),
+        keras.optimizers.LossScaleOptimizer,
+    )
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -213,13 +244,15 @@ def overflow_data():
 
 
 def _overflow_model(keras):
-    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),
-                             keras.layers.Dense(1, dtype="float32")])
+    return keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1, dtype="float32")]
+    )
 
 
 @pytest.mark.parametrize("auto_scale_loss", [False, True])
 def test_mixed_float16_loss_scaling_trains_without_nan_where_plain_float16_overflows(
-        auto_scale_loss):
+    auto_scale_loss,
+):
     import keras
 
     x, y, clean = overflow_data()
@@ -228,8 +261,9 @@ def test_mixed_float16_loss_scaling_trains_without_nan_where_plain_float16_overf
         warnings.simplefilter("ignore")
         with precision.precision_scope("mixed_float16"):
             model = _overflow_model(keras)
-            model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse",
-                          auto_scale_loss=auto_scale_loss)
+            model.compile(
+                optimizer=keras.optimizers.SGD(0.01), loss="mse", auto_scale_loss=auto_scale_loss
+            )
             before = model.evaluate(x[clean], y[clean], verbose=0)
             model.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
             after = model.evaluate(x[clean], y[clean], verbose=0)
@@ -298,7 +332,7 @@ def test_custom_loop_loss_scaling_when_replicas_disagree(virtual_cpus):
         with precision.precision_scope("mixed_float16"):
             finite, scale = _custom_loop(strategy, 16, x, y)
     assert finite
-    assert scale < 2.0 ** 15  # the overflowing step was skipped and the scale lowered
+    assert scale < 2.0**15  # the overflowing step was skipped and the scale lowered
 
 
 # ------------------------------------------------------ mixed_bfloat16 vs float32 training
@@ -317,8 +351,13 @@ def regression_data(n=256):
 
 
 def build_regression_model(keras):
-    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),
-                             keras.layers.Dense(1, dtype="float32")])
+    return keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(1, dtype="float32"),
+        ]
+    )
 
 
 def close_losses(a, b, tolerance=0.05):
@@ -343,8 +382,9 @@ def test_mixed_bfloat16_on_mirrored_reaches_the_float32_loss(virtual_cpus):
                     model = build_regression_model(keras)
                     model.compile(optimizer=keras.optimizers.SGD(LEARNING_RATE), loss="mse")
                 assert precision.check_model_outputs(model) == []
-                history = model.fit(distribute_dataset((x, y), strategy, GLOBAL_BATCH),
-                                    epochs=EPOCHS, verbose=0)
+                history = model.fit(
+                    distribute_dataset((x, y), strategy, GLOBAL_BATCH), epochs=EPOCHS, verbose=0
+                )
         dtypes[policy] = model.layers[0].compute_dtype
         losses[policy] = float(np.mean((model(x).numpy() - y) ** 2))
         assert history.history["loss"][-1] < history.history["loss"][0] / 2  # it learned
@@ -381,8 +421,9 @@ def multi_worker_precision_losses():
                 def replica(xb, yb):
                     with tf.GradientTape() as tape:
                         per_example = tf.square(model(xb, training=True) - yb)[:, 0]
-                        loss = tf.nn.compute_average_loss(per_example,
-                                                          global_batch_size=global_batch)
+                        loss = tf.nn.compute_average_loss(
+                            per_example, global_batch_size=global_batch
+                        )
                         scaled = precision.scale_loss(optimizer, loss)
                     grads = tape.gradient(scaled, model.trainable_variables)
                     precision.apply_gradients(optimizer, grads, model.trainable_variables)
@@ -439,7 +480,8 @@ def parameter_server_precision_losses():
                 optimizer = precision.wrap_optimizer(keras.optimizers.SGD(0.1))
                 optimizer.build(model.trainable_variables)
             dataset = coordinator.create_per_worker_dataset(
-                dataset_fn_for((x, y), global_batch, shuffle=True, seed=0, repeat=True))
+                dataset_fn_for((x, y), global_batch, shuffle=True, seed=0, repeat=True)
+            )
             iterator = iter(dataset)
 
             @tf.function
@@ -447,8 +489,9 @@ def parameter_server_precision_losses():
                 def replica(xb, yb):
                     with tf.GradientTape() as tape:
                         per_example = tf.square(model(xb, training=True) - yb)[:, 0]
-                        loss = tf.nn.compute_average_loss(per_example,
-                                                          global_batch_size=global_batch)
+                        loss = tf.nn.compute_average_loss(
+                            per_example, global_batch_size=global_batch
+                        )
                         scaled = precision.scale_loss(optimizer, loss)
                     grads = tape.gradient(scaled, model.trainable_variables)
                     precision.apply_gradients(optimizer, grads, model.trainable_variables)
@@ -490,21 +533,32 @@ def parameter_server_fit_losses():
     x, y = regression_data()
     losses = {"strategy": type(strategy).__name__, "workers": strategy.extended._num_workers}
     for policy in ("float32", "mixed_bfloat16", "mixed_float16"):
+
         def build():
             keras.utils.set_random_seed(0)
             model = build_regression_model(keras)
             schedule = keras.optimizers.schedules.PiecewiseConstantDecay(
-                [320, 480], [0.01, 0.002, 0.0005])
-            model.compile(optimizer=keras.optimizers.Adam(schedule), loss="mse",
-                          steps_per_execution=4)
+                [320, 480], [0.01, 0.002, 0.0005]
+            )
+            model.compile(
+                optimizer=keras.optimizers.Adam(schedule), loss="mse", steps_per_execution=4
+            )
             return model
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # mixed_float16 without a GPU warns: meant here
             with precision.precision_scope(policy):
-                model = tfdist.fit(build, (x, y), strategy=strategy, global_batch_size=32,
-                                   epochs=16, steps_per_epoch=40, shuffle=True, seed=0,
-                                   verbose=0).model
+                model = tfdist.fit(
+                    build,
+                    (x, y),
+                    strategy=strategy,
+                    global_batch_size=32,
+                    epochs=16,
+                    steps_per_epoch=40,
+                    shuffle=True,
+                    seed=0,
+                    verbose=0,
+                ).model
         losses[policy] = float(np.mean((model(x).numpy() - y) ** 2))
         losses[policy + "_dtype"] = model.layers[0].compute_dtype
         losses[policy + "_optimizer"] = type(model.optimizer).__name__
@@ -598,18 +652,23 @@ TF_KERAS_SCRIPT = textwrap.dedent("""
 def test_tf_keras_flavour_in_a_subprocess():
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_CONFIG", None)
-    proc = subprocess.run([sys.executable, "-c", TF_KERAS_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=150)
+    proc = subprocess.run(
+        [sys.executable, "-c", TF_KERAS_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = json.loads(lines[-1][len("RESULT ") :])
     assert out["flavour"] == "tf_keras"
     assert out["applied"] == out["global"] == "mixed_float16"
     assert out["initialised"] is False
     assert out["warned"] and "host without GPUs" in out["warned"][0]
     assert out["wrapped"].startswith("LossScaleOptimizer") and out["wrapped_once"]
     assert out["compile_kept_it"] and out["fit_finite"]
-    assert out["loop_finite"] and out["loop_scale"] < 2.0 ** 15
+    assert out["loop_finite"] and out["loop_scale"] < 2.0**15
     assert out["bad_outputs"] == [["head", "float16"]] and out["bad_warned"] == 1
     assert out["scoped"] == "float32" and out["restored"] == "mixed_float16"
     assert out["schedule_type"]

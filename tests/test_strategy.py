@@ -5,52 +5,77 @@ import tensorflow as tf
 
 import tfdist
 from tfdist import ClusterSpec
-from tfdist.strategy import (collective_options, mirrored_cross_device_ops, make_strategy,
-                             resolve_strategy_name, virtual_cpus)
+from tfdist.strategy import (
+    collective_options,
+    make_strategy,
+    mirrored_cross_device_ops,
+    resolve_strategy_name,
+)
 
 SINGLE = ClusterSpec({})
 TWO_WORKERS = ClusterSpec.from_hosts(workers=["a:1", "b:1"])
 CHIEF_AND_WORKER = ClusterSpec.from_hosts(workers=["a:1"], chief="c:1", task_type="chief")
 ONE_WORKER = ClusterSpec.from_hosts(workers=["a:1"])
-PS_JOB = ClusterSpec.from_hosts(workers=["a:1", "b:1"], ps=["p:1"], chief="c:1",
-                                task_type="chief")
+PS_JOB = ClusterSpec.from_hosts(workers=["a:1", "b:1"], ps=["p:1"], chief="c:1", task_type="chief")
 CPU1, CPU4, GPU2 = ["/cpu:0"], [f"/cpu:{i}" for i in range(4)], ["/gpu:0", "/gpu:1"]
 
 
-@pytest.mark.parametrize("cluster, devices, expected", [
-    (SINGLE, CPU1, "one_device"),
-    (SINGLE, CPU4, "mirrored"),
-    (SINGLE, GPU2, "mirrored"),
-    (ONE_WORKER, CPU1, "one_device"),
-    (ONE_WORKER, GPU2, "mirrored"),
-    (TWO_WORKERS, CPU1, "multi_worker_mirrored"),
-    (CHIEF_AND_WORKER, CPU1, "multi_worker_mirrored"),
-    (PS_JOB, CPU1, "parameter_server"),
-    (PS_JOB, GPU2, "parameter_server"),
-])
+@pytest.mark.parametrize(
+    "cluster, devices, expected",
+    [
+        (SINGLE, CPU1, "one_device"),
+        (SINGLE, CPU4, "mirrored"),
+        (SINGLE, GPU2, "mirrored"),
+        (ONE_WORKER, CPU1, "one_device"),
+        (ONE_WORKER, GPU2, "mirrored"),
+        (TWO_WORKERS, CPU1, "multi_worker_mirrored"),
+        (CHIEF_AND_WORKER, CPU1, "multi_worker_mirrored"),
+        (PS_JOB, CPU1, "parameter_server"),
+        (PS_JOB, GPU2, "parameter_server"),
+    ],
+)
 def test_auto_is_a_pure_function_of_cluster_and_devices(cluster, devices, expected):
     assert resolve_strategy_name("auto", cluster, devices) == expected
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("Mirrored", "mirrored"), ("multi-worker-mirrored", "multi_worker_mirrored"),
-    ("off", "default"), ("OFF", "default"), ("one_device", "one_device")])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("Mirrored", "mirrored"),
+        ("multi-worker-mirrored", "multi_worker_mirrored"),
+        ("off", "default"),
+        ("OFF", "default"),
+        ("one_device", "one_device"),
+    ],
+)
 def test_names_are_case_insensitive_and_aliased(name, expected):
     assert resolve_strategy_name(name, SINGLE, CPU1) == expected
 
 
-@pytest.mark.parametrize("name, cluster, error, match", [
-    ("mirored", SINGLE, ValueError,
-     r"strategy='mirored' is not a known strategy\. Choose one of: auto, one_device, mirrored"),
-    (False, SINGLE, TypeError, r"Received: name=False .*quote it: 'off'"),
-    (3, SINGLE, TypeError, r"must be a string\. Received: name=3 \(of type int\)"),
-    ("parameter_server", TWO_WORKERS, ValueError, r"needs a cluster with a 'ps' job"),
-    ("mirrored", TWO_WORKERS, ValueError,
-     r"strategy='mirrored' trains in one process, but the cluster has 2 workers.*"
-     r"multi_worker_mirrored"),
-    ("one_device", CHIEF_AND_WORKER, ValueError, r"cluster has 2 workers"),
-    ("multi_worker_mirrored", PS_JOB, ValueError, r"does not use the cluster's 'ps' job"),
-])
+@pytest.mark.parametrize(
+    "name, cluster, error, match",
+    [
+        (
+            "mirored",
+            SINGLE,
+            ValueError,
+            r"strategy='mirored' is not a known strategy\. "
+            r"Choose one of: auto, one_device, mirrored",
+        ),
+        (False, SINGLE, TypeError, r"Received: name=False .*quote it: 'off'"),
+        (3, SINGLE, TypeError, r"must be a string\. Received: name=3 \(of type int\)"),
+        ("parameter_server", TWO_WORKERS, ValueError, r"needs a cluster with a 'ps' job"),
+        (
+            "mirrored",
+            TWO_WORKERS,
+            ValueError,
+            r"strategy='mirrored' trains in one process, but the cluster has 2 workers.*"
+            r"multi_worker_mirrored",
+        ),
+        ("one_device", CHIEF_AND_WORKER, ValueError, r"cluster has 2 workers"),
+        ("multi_worker_mirrored", PS_JOB, ValueError, r"does not use the cluster's 'ps' job"),
+    ],
+)
 def test_names_that_contradict_the_cluster_are_refused(name, cluster, error, match):
     with pytest.raises(error, match=match):
         resolve_strategy_name(name, cluster, CPU1)
@@ -59,14 +84,21 @@ def test_names_that_contradict_the_cluster_are_refused(name, cluster, error, mat
 # ----------------------------------------------------- communication: exact options for TF
 
 
-@pytest.mark.parametrize("communication, devices, implementation", [
-    ("auto", CPU1, "RING"), ("auto", GPU2, "NCCL"), ("ring", GPU2, "RING"),
-    ("nccl", GPU2, "NCCL"), ("auto", ["/gpu:0", "/cpu:0"], "RING")])
+@pytest.mark.parametrize(
+    "communication, devices, implementation",
+    [
+        ("auto", CPU1, "RING"),
+        ("auto", GPU2, "NCCL"),
+        ("ring", GPU2, "RING"),
+        ("nccl", GPU2, "NCCL"),
+        ("auto", ["/gpu:0", "/cpu:0"], "RING"),
+    ],
+)
 def test_multi_worker_communication_options(communication, devices, implementation):
-    options = collective_options(communication, devices, bytes_per_pack=1 << 20,
-                                 timeout_seconds=42)
+    options = collective_options(communication, devices, bytes_per_pack=1 << 20, timeout_seconds=42)
     assert options.implementation == getattr(
-        tf.distribute.experimental.CommunicationImplementation, implementation)
+        tf.distribute.experimental.CommunicationImplementation, implementation
+    )
     assert options.bytes_per_pack == 1 << 20
     assert options.timeout_seconds == 42
 
@@ -80,22 +112,33 @@ def test_multi_worker_collective_timeout_is_opt_in(monkeypatch):
     assert collective_options("auto", CPU1, timeout_seconds=0).timeout_seconds is None
 
 
-@pytest.mark.parametrize("communication, devices, cls", [
-    ("auto", GPU2, tf.distribute.NcclAllReduce),
-    ("nccl", GPU2, tf.distribute.NcclAllReduce),
-    ("auto", CPU4, tf.distribute.ReductionToOneDevice),
-    ("hierarchical_copy", GPU2, tf.distribute.HierarchicalCopyAllReduce),
-    ("reduce_to_one_device", GPU2, tf.distribute.ReductionToOneDevice)])
+@pytest.mark.parametrize(
+    "communication, devices, cls",
+    [
+        ("auto", GPU2, tf.distribute.NcclAllReduce),
+        ("nccl", GPU2, tf.distribute.NcclAllReduce),
+        ("auto", CPU4, tf.distribute.ReductionToOneDevice),
+        ("hierarchical_copy", GPU2, tf.distribute.HierarchicalCopyAllReduce),
+        ("reduce_to_one_device", GPU2, tf.distribute.ReductionToOneDevice),
+    ],
+)
 def test_mirrored_cross_device_ops(communication, devices, cls):
     assert type(mirrored_cross_device_ops(communication, devices)) is cls
 
 
-@pytest.mark.parametrize("strategy_fn", [
-    lambda: collective_options("nccl", CPU4),
-    lambda: mirrored_cross_device_ops("nccl", ["/gpu:0", "/cpu:0"])])
+@pytest.mark.parametrize(
+    "strategy_fn",
+    [
+        lambda: collective_options("nccl", CPU4),
+        lambda: mirrored_cross_device_ops("nccl", ["/gpu:0", "/cpu:0"]),
+    ],
+)
 def test_nccl_without_gpus_is_a_clear_error(strategy_fn):
-    with pytest.raises(ValueError, match=r"communication='nccl' needs every replica on a GPU, "
-                       r"but .* would run on \[.*'/cpu:0'.*\]\. HINT: use communication='ring'"):
+    with pytest.raises(
+        ValueError,
+        match=r"communication='nccl' needs every replica on a GPU, "
+        r"but .* would run on \[.*'/cpu:0'.*\]\. HINT: use communication='ring'",
+    ):
         strategy_fn()
 
 
@@ -104,25 +147,37 @@ def test_nccl_requested_on_this_cpu_host_through_make_strategy():
         make_strategy("mirrored", cluster=SINGLE, communication="nccl")
 
 
-@pytest.mark.parametrize("name, communication", [
-    ("mirrored", "ring"), ("multi_worker_mirrored", "hierarchical_copy"),
-    ("one_device", "nccl")])
+@pytest.mark.parametrize(
+    "name, communication",
+    [("mirrored", "ring"), ("multi_worker_mirrored", "hierarchical_copy"), ("one_device", "nccl")],
+)
 def test_communication_not_valid_for_the_strategy(name, communication):
-    with pytest.raises(ValueError, match=rf"communication='{communication}' is not valid for "
-                       rf"strategy '{name}'\. Choose one of"):
+    with pytest.raises(
+        ValueError,
+        match=rf"communication='{communication}' is not valid for "
+        rf"strategy '{name}'\. Choose one of",
+    ):
         make_strategy(name, cluster=SINGLE, communication=communication)
 
 
 def test_unknown_options_are_refused_with_the_accepted_list():
-    with pytest.raises(TypeError, match=r"unexpected option\(s\) \['variable_partitioner'\]\. "
-                       r"Options accepted for 'mirrored': cross_device_ops"):
+    with pytest.raises(
+        TypeError,
+        match=r"unexpected option\(s\) \['variable_partitioner'\]\. "
+        r"Options accepted for 'mirrored': cross_device_ops",
+    ):
         make_strategy("mirrored", cluster=SINGLE, variable_partitioner=None)
 
 
-@pytest.mark.parametrize("devices, error, match", [
-    ("/cpu:0", TypeError, "must be a list"), ([], ValueError, "names no device"),
-    (["cpu0"], ValueError, r"\['cpu0'\] are not device strings"),
-    (["/cpu:0", "/CPU:0"], ValueError, "names a device twice")])
+@pytest.mark.parametrize(
+    "devices, error, match",
+    [
+        ("/cpu:0", TypeError, "must be a list"),
+        ([], ValueError, "names no device"),
+        (["cpu0"], ValueError, r"\['cpu0'\] are not device strings"),
+        (["/cpu:0", "/CPU:0"], ValueError, "names a device twice"),
+    ],
+)
 def test_bad_device_lists(devices, error, match):
     with pytest.raises(error, match=match):
         make_strategy("mirrored", cluster=SINGLE, devices=devices)
@@ -144,8 +199,11 @@ def test_virtual_cpus_are_set_once_and_idempotent(virtual_cpus):
     tf.constant(1.0)  # TensorFlow is initialised from here on
     assert tfdist.virtual_cpus(4) == CPU4
     assert len(tf.config.list_logical_devices("CPU")) == 4
-    with pytest.raises(RuntimeError, match=r"virtual_cpus\(2\) was called after TensorFlow "
-                       r"initialised its devices, with 4 logical CPU\(s\)\. HINT"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"virtual_cpus\(2\) was called after TensorFlow "
+        r"initialised its devices, with 4 logical CPU\(s\)\. HINT",
+    ):
         tfdist.virtual_cpus(2)
     with pytest.raises(ValueError, match=r"Received: n=0"):
         tfdist.virtual_cpus(0)
@@ -173,7 +231,8 @@ def test_mirrored_on_chosen_devices_and_one_device_and_default(virtual_cpus):
     assert two.num_replicas_in_sync == 2
     assert sorted(two.extended.worker_devices) == [
         "/job:localhost/replica:0/task:0/device:CPU:1",
-        "/job:localhost/replica:0/task:0/device:CPU:2"]
+        "/job:localhost/replica:0/task:0/device:CPU:2",
+    ]
     one = make_strategy("one_device", cluster=SINGLE, devices=["/cpu:3"])
     assert isinstance(one, tf.distribute.OneDeviceStrategy)
     assert one.extended.worker_devices[0].endswith("CPU:3")
@@ -195,8 +254,11 @@ def test_mirrored_passes_cross_device_ops_through(virtual_cpus):
 
 def test_multi_worker_after_initialisation_is_refused_with_the_fix(virtual_cpus):
     tf.constant(1.0)
-    with pytest.raises(RuntimeError, match=r"multi_worker_mirrored must be built before "
-                       r"TensorFlow initialises.*HINT: call tfdist.make_strategy\(\) first"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"multi_worker_mirrored must be built before "
+        r"TensorFlow initialises.*HINT: call tfdist.make_strategy\(\) first",
+    ):
         make_strategy("multi_worker_mirrored", cluster=ClusterSpec.local(workers=2))
 
 

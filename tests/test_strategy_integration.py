@@ -23,10 +23,14 @@ def mwms_allreduce():
     value = float(spec.task_index + 1) * 10.0
     per_replica = strategy.run(lambda: tf.constant(value))
     total = strategy.reduce("SUM", per_replica, axis=None)
-    return {"type": type(strategy).__name__, "replicas": strategy.num_replicas_in_sync,
-            "sum": float(total), "is_chief": strategy.extended.should_checkpoint,
-            "implementation": strategy.extended._communication_options.implementation.name,
-            "timeout": strategy.extended._communication_options.timeout_seconds}
+    return {
+        "type": type(strategy).__name__,
+        "replicas": strategy.num_replicas_in_sync,
+        "sum": float(total),
+        "is_chief": strategy.extended.should_checkpoint,
+        "implementation": strategy.extended._communication_options.implementation.name,
+        "timeout": strategy.extended._communication_options.timeout_seconds,
+    }
 
 
 def test_two_process_multi_worker_all_reduce_gives_both_workers_the_exact_sum(run_cluster):
@@ -63,11 +67,15 @@ def parameter_server_placement():
     sharded_strategy = tfdist.make_strategy("parameter_server", variable_partitioner="fixed")
     with sharded_strategy.scope():
         table = tf.Variable(tf.reshape(tf.range(40, dtype=tf.float32), [10, 4]))
-    return {"task": spec.task, "type": type(plain).__name__, "weights_device": weights.device,
-            "weights_sum": float(tf.reduce_sum(weights)),
-            "shard_devices": [v.device for v in table.variables],
-            "shard_shapes": [v.shape.as_list() for v in table.variables],
-            "table": tf.concat([v.read_value() for v in table.variables], 0).numpy().tolist()}
+    return {
+        "task": spec.task,
+        "type": type(plain).__name__,
+        "weights_device": weights.device,
+        "weights_sum": float(tf.reduce_sum(weights)),
+        "shard_devices": [v.device for v in table.variables],
+        "shard_shapes": [v.shape.as_list() for v in table.variables],
+        "table": tf.concat([v.read_value() for v in table.variables], 0).numpy().tolist(),
+    }
 
 
 def test_parameter_server_places_and_partitions_variables_on_the_ps_tasks(run_cluster):
@@ -115,8 +123,9 @@ def test_a_peer_that_never_joins_is_an_error_naming_the_cluster():
     env = dict(os.environ, TF_CONFIG=spec.to_json(), TFDIST_STARTUP_TIMEOUT="5")
     code = "import tfdist; tfdist.make_strategy()"
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode != 0
     assert time.monotonic() - started < 90
     assert "RuntimeError: Task worker:1 could not form the multi-worker cluster" in proc.stderr

@@ -8,12 +8,15 @@ from tfdist.testing import run_cluster
 
 
 def test_plugin_fixtures_in_a_users_suite(pytester):
-    pytester.makeini(textwrap.dedent("""
+    pytester.makeini(
+        textwrap.dedent("""
         [pytest]
         tfdist_virtual_cpus = 3
         tfdist_env_guard = true
-    """))
-    pytester.makepyfile(textwrap.dedent("""
+    """)
+    )
+    pytester.makepyfile(
+        textwrap.dedent("""
         import os
         import pytest
 
@@ -35,18 +38,23 @@ def test_plugin_fixtures_in_a_users_suite(pytester):
         @pytest.mark.requires_gpu(n=1)
         def test_needs_gpu():
             raise AssertionError("must be skipped on a host without GPUs")
-    """))
+    """)
+    )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(passed=4, errors=1, skipped=1)  # the leak fails in teardown
-    result.stdout.fnmatch_lines([
-        "*ERROR at teardown of test_leaks_tf_config*",
-        "*The test changed environment variable(s) ?'TF_CONFIG'? and did not restore them*",
-        "*needs 1 GPU(s); this host has 0*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_leaks_tf_config*",
+            "*The test changed environment variable(s) ?'TF_CONFIG'? and did not restore them*",
+            "*needs 1 GPU(s); this host has 0*",
+        ]
+    )
 
 
 def local_function_holder():
     def inner():
         return 1
+
     return inner
 
 
@@ -72,6 +80,9 @@ def test_run_cluster_reports_each_task_and_its_output():
     assert runs["worker:0"].returncode in (0, -15)  # done, or stopped when its peer failed
     from tfdist.testing import ClusterRunError
 
-    with pytest.raises(ClusterRunError, match=r"(?s)failed\..*--- worker:1: exit code 4.*"
-                       r"worker one gives up"):
+    with pytest.raises(
+        ClusterRunError,
+        match=r"(?s)failed\..*--- worker:1: exit code 4.*"
+        r"worker one gives up",
+    ):
         run_cluster(fail_on_worker_one, workers=2, timeout=60)

@@ -63,14 +63,24 @@ def epochs_of_each_fit(strategy=None):
     for kind, data in (("arrays", (x, y)), ("dataset", tf.data.Dataset.from_tensor_slices((x, y)))):
         for steps_per_epoch in (None, 5):
             counter = StepsPerEpoch()
-            history = tfdist.fit(build, data, strategy=strategy, global_batch_size=BATCH,
-                                 epochs=EPOCHS, steps_per_epoch=steps_per_epoch,
-                                 validation_data=(x[:50], y[:50]), callbacks=[counter],
-                                 verbose=0)
+            history = tfdist.fit(
+                build,
+                data,
+                strategy=strategy,
+                global_batch_size=BATCH,
+                epochs=EPOCHS,
+                steps_per_epoch=steps_per_epoch,
+                validation_data=(x[:50], y[:50]),
+                callbacks=[counter],
+                verbose=0,
+            )
             results[kind, steps_per_epoch] = {
-                "steps": counter.steps, "logs": counter.logs,
-                "evaluate": tfdist.evaluate(history.model, (x, y), strategy=strategy,
-                                            global_batch_size=BATCH, verbose=0)}
+                "steps": counter.steps,
+                "logs": counter.logs,
+                "evaluate": tfdist.evaluate(
+                    history.model, (x, y), strategy=strategy, global_batch_size=BATCH, verbose=0
+                ),
+            }
     return results
 
 
@@ -104,9 +114,10 @@ def two_workers():
     from tfdist.testing import run_cluster
 
     with concurrent.futures.ThreadPoolExecutor(len(FLAVOURS)) as pool:
-        futures = {flavour: pool.submit(run_cluster, epochs_of_each_fit, workers=2, env=env,
-                                        timeout=300)
-                   for flavour, env in FLAVOURS.items()}
+        futures = {
+            flavour: pool.submit(run_cluster, epochs_of_each_fit, workers=2, env=env, timeout=300)
+            for flavour, env in FLAVOURS.items()
+        }
         return {flavour: future.result() for flavour, future in futures.items()}
 
 

@@ -9,9 +9,9 @@ free. Metric variables live on the ps tasks too, so after `coordinator.join()` t
 reads the aggregate over all workers. Under tf_keras the same calls go to tf_keras's `fit` with
 a `DatasetCreator`, which supports parameter-server training natively.
 
-Exact step counts and metrics need the Keras fixes of `tfdist._compat` (atomic assign_add on
+Exact step counts and metrics need the Keras fixes of `tfdist.fixes` (atomic assign_add on
 ps variables); sharded variables (a `variable_partitioner`) need the sharding fixes there too.
-`fit_parameter_server` applies them.
+`tfdist.make_strategy` and `tfdist.fit` apply them.
 
 Callbacks run on the coordinator: `on_train_batch_begin` when a group of steps is scheduled,
 `on_train_batch_end` when it has run (in scheduling order), with that group's logs: the metrics
@@ -45,8 +45,14 @@ from typing import Callable, Dict, Optional
 
 from tfdist import _compat
 
-__all__ = ["TaskUnavailableError", "build_model", "coordinator_for",
-           "evaluate_parameter_server", "fit_parameter_server", "plan_groups"]
+__all__ = [
+    "TaskUnavailableError",
+    "build_model",
+    "coordinator_for",
+    "evaluate_parameter_server",
+    "fit_parameter_server",
+    "plan_groups",
+]
 
 log = logging.getLogger("tfdist")
 
@@ -89,8 +95,10 @@ def plan_groups(steps: int, steps_per_execution: int) -> list:
 
     Example: plan_groups(7, 3) == [(0, 2), (3, 5), (6, 6)].
     """
-    return [(begin, min(begin + steps_per_execution, steps) - 1)
-            for begin in range(0, steps, steps_per_execution)]
+    return [
+        (begin, min(begin + steps_per_execution, steps) - 1)
+        for begin in range(0, steps, steps_per_execution)
+    ]
 
 
 def _count(name: str, value, *, minimum: int = 1) -> int:
@@ -108,7 +116,8 @@ def _check_strategy(strategy) -> None:
             "Parameter-server training needs a tf.distribute.ParameterServerStrategy (the "
             f"coordinator side). Received: strategy={strategy!r} (of type "
             f"{type(strategy).__name__}). HINT: tfdist.make_strategy('parameter_server') in the "
-            "chief of a job with ps tasks.")
+            "chief of a job with ps tasks."
+        )
 
 
 def _check_dataset_fn(name: str, dataset_fn) -> None:
@@ -116,7 +125,8 @@ def _check_dataset_fn(name: str, dataset_fn) -> None:
         raise TypeError(
             f"`{name}` must be a function of a tf.distribute.InputContext that returns a "
             f"tf.data.Dataset of batches. Received: {name}={dataset_fn!r} (of type "
-            f"{type(dataset_fn).__name__}).")
+            f"{type(dataset_fn).__name__})."
+        )
 
 
 def coordinator_for(strategy):
@@ -137,7 +147,8 @@ def _repeating(name: str, dataset_fn: Callable) -> Callable:
         if not isinstance(dataset, tf.data.Dataset):
             raise TypeError(
                 f"`{name}` must return a tf.data.Dataset of batches. Received: "
-                f"{dataset!r} (of type {type(dataset).__name__}).")
+                f"{dataset!r} (of type {type(dataset).__name__})."
+            )
         return dataset.repeat()  # a no-op in effect on an infinite dataset
 
     return make
@@ -148,7 +159,8 @@ def _per_worker_dataset(coordinator, strategy, name: str, dataset_fn: Callable):
     dataset_fn = getattr(dataset_fn, "for_workers", lambda: dataset_fn)()
     make = _repeating(name, dataset_fn)
     return coordinator.create_per_worker_dataset(
-        lambda: strategy.distribute_datasets_from_function(make))
+        lambda: strategy.distribute_datasets_from_function(make)
+    )
 
 
 def _local_batch(name: str, dataset_fn: Callable):
@@ -162,7 +174,8 @@ def _local_batch(name: str, dataset_fn: Callable):
         raise ValueError(
             f"`{name}` returned an empty dataset (no batch at all, even on one input pipeline)."
             " HINT: check the data source, and that batch(..., drop_remainder=True) leaves a "
-            "batch.") from None
+            "batch."
+        ) from None
 
 
 def _to_python(logs) -> dict:
@@ -189,7 +202,8 @@ def _check_model(model, strategy, method: str) -> None:
             f"The model passed to {method} was not created inside this parameter-server "
             "strategy's scope, so its variables do not live on the ps tasks. HINT: build and "
             "compile it inside the scope: `with strategy.scope(): model = build(); "
-            "model.compile(...)`.")
+            "model.compile(...)`."
+        )
 
 
 def build_model(model, strategy, dataset_fn: Optional[Callable] = None, *, sample_batch=None):
@@ -218,7 +232,6 @@ def build_model(model, strategy, dataset_fn: Optional[Callable] = None, *, sampl
 
 def _build(model, strategy, dataset_fn, sample_batch, method: str) -> None:
     _check_strategy(strategy)
-    _compat.apply_keras_fixes()
     _check_model(model, strategy, method)
     if sample_batch is None:
         if dataset_fn is None:
@@ -289,13 +302,17 @@ def _lost_ps_error(lost, cause=None) -> TaskUnavailableError:
         "process died, or its host is down). The ps tasks hold the model's variables, so "
         "this job cannot go on. HINT: restart the whole job (every task) and restore the "
         "last checkpoint (tf.train.Checkpoint, ModelCheckpoint or BackupAndRestore) before "
-        f"training on.{said}", tasks, [address for _, address in lost])
+        f"training on.{said}",
+        tasks,
+        [address for _, address in lost],
+    )
 
 
 def _names_a_ps(error, strategy) -> bool:
     text = str(error)
-    return "/job:ps/" in text or any(address in text for _, address in
-                                     _cluster_addresses(strategy, ("ps",)))
+    return "/job:ps/" in text or any(
+        address in text for _, address in _cluster_addresses(strategy, ("ps",))
+    )
 
 
 @contextlib.contextmanager
@@ -354,15 +371,17 @@ def _has_batch_hooks(callbacks, mode: str) -> bool:
     keras = _compat.keras()
     if type(callbacks) is not keras.callbacks.CallbackList:  # pylint: disable=unidiomatic-typecheck
         return True
-    names = (("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
-             if mode == "train" else ("on_test_batch_begin", "on_test_batch_end"))
+    names = (
+        ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
+        if mode == "train"
+        else ("on_test_batch_begin", "on_test_batch_end")
+    )
     for callback in callbacks.callbacks:
         if type(callback) is keras.callbacks.ProgbarLogger:  # pylint: disable=unidiomatic-typecheck
             # It shows batch logs with verbose=1 only, and none while validating in fit.
             if callback.verbose != 1 or (mode == "test" and callback._called_in_fit):
                 continue
-        if any(not is_default(getattr(callback, name, None) or (lambda: None))
-               for name in names):
+        if any(not is_default(getattr(callback, name, None) or (lambda: None)) for name in names):
             return True
     return False
 
@@ -387,9 +406,12 @@ class _Group:
 
         log.warning(
             "tfdist: a group of %d step(s) ran again on %s after its worker failed: %d of its "
-            "steps had been applied, so it ran the other %d.", self.size,
-            context.context().device_name or "another worker", done,
-            max(self.size - done, 0))
+            "steps had been applied, so it ran the other %d.",
+            self.size,
+            context.context().device_name or "another worker",
+            done,
+            max(self.size - done, 0),
+        )
         return out["logs"]
 
 
@@ -427,8 +449,9 @@ class _Runner:
 
     def __init__(self, model, strategy, coordinator):
         self.model, self.strategy, self.coordinator = model, strategy, coordinator
-        self.window = min(IN_FLIGHT_PER_WORKER * max(1, strategy.extended._num_workers),
-                          PROGRESS_SLOTS - 1)
+        self.window = min(
+            IN_FLIGHT_PER_WORKER * max(1, strategy.extended._num_workers), PROGRESS_SLOTS - 1
+        )
         self._functions: Dict[tuple, Callable] = {}
         self._specs: Dict[str, object] = {}  # the structure of each mode's logs, when traced
         self._progress = None  # int64[PROGRESS_SLOTS] on the ps, next to optimizer.iterations
@@ -437,7 +460,8 @@ class _Runner:
         self._next_slot = 0
         self._lost_workers: set = set()
         self._direct = _direct_schedule_allowed() and callable(
-            getattr(getattr(coordinator, "_cluster", None), "schedule", None))
+            getattr(getattr(coordinator, "_cluster", None), "schedule", None)
+        )
 
     # ------------------------------------------------------------------ the progress slots
 
@@ -448,11 +472,17 @@ class _Runner:
             iterations = getattr(getattr(self.model, "optimizer", None), "iterations", None)
             self._counted = None if iterations is None else _raw_variable(iterations)
             with self.strategy.scope():
-                colocated = (contextlib.nullcontext() if self._counted is None else
-                             self.strategy.extended.colocate_vars_with(self._counted))
+                colocated = (
+                    contextlib.nullcontext()
+                    if self._counted is None
+                    else self.strategy.extended.colocate_vars_with(self._counted)
+                )
                 with colocated:
-                    variable = tf.Variable(tf.zeros([PROGRESS_SLOTS], tf.int64),
-                                           trainable=False, name="tfdist_group_progress")
+                    variable = tf.Variable(
+                        tf.zeros([PROGRESS_SLOTS], tf.int64),
+                        trainable=False,
+                        name="tfdist_group_progress",
+                    )
             self._progress = _raw_variable(variable)
             self._bases = [0] * PROGRESS_SLOTS
         return self._progress
@@ -471,11 +501,13 @@ class _Runner:
         after = []
         if mode == "train" and self._counted is not None:
             # Ordered after the step's iterations.assign_add (same resource, program order).
-            after = [tf.raw_ops.ReadVariableOp(resource=self._counted.handle,
-                                               dtype=self._counted.dtype)]
+            after = [
+                tf.raw_ops.ReadVariableOp(resource=self._counted.handle, dtype=self._counted.dtype)
+            ]
         with tf.control_dependencies(after):
-            tf.raw_ops.ResourceScatterAdd(resource=progress.handle, indices=slot,
-                                          updates=tf.constant(1, tf.int64))
+            tf.raw_ops.ResourceScatterAdd(
+                resource=progress.handle, indices=slot, updates=tf.constant(1, tf.int64)
+            )
 
     # ----------------------------------------------------------------- the group functions
 
@@ -506,9 +538,11 @@ class _Runner:
                 self._count_step(mode, slot)
                 # Metrics are read from the ps: every replica reports the same aggregate.
                 out = tf.nest.map_structure(
-                    lambda v: strategy.experimental_local_results(v)[0], out)
+                    lambda v: strategy.experimental_local_results(v)[0], out
+                )
                 self._specs[mode] = tf.nest.map_structure(
-                    lambda t: tf.TensorSpec(t.shape, t.dtype), out)
+                    lambda t: tf.TensorSpec(t.shape, t.dtype), out
+                )
                 return out
 
             def quiet_step(iterator, slot):
@@ -524,18 +558,23 @@ class _Runner:
                 spec = self._specs[mode]  # set by one_step: cond traces its true branch first
                 out = strategy.run(model.get_metrics_result)
                 out = tf.nest.map_structure(
-                    lambda v: strategy.experimental_local_results(v)[0], out)
+                    lambda v: strategy.experimental_local_results(v)[0], out
+                )
                 try:
                     tf.nest.assert_same_structure(spec, out)
-                    if all(s.dtype == t.dtype for s, t in zip(tf.nest.flatten(spec),
-                                                               tf.nest.flatten(out))):
+                    if all(
+                        s.dtype == t.dtype
+                        for s, t in zip(tf.nest.flatten(spec), tf.nest.flatten(out))
+                    ):
                         return out
                 except (TypeError, ValueError):
                     pass
                 return tf.nest.map_structure(  # a custom step's own outputs: zeros
-                    lambda s: tf.zeros([d or 0 for d in s.shape.as_list()], s.dtype), spec)
+                    lambda s: tf.zeros([d or 0 for d in s.shape.as_list()], s.dtype), spec
+                )
 
             if size is not None:
+
                 def group(iterator, meta):
                     slot = on_ps(meta[0])
                     quiet = size - 1 if logs else size
@@ -548,10 +587,15 @@ class _Runner:
                         return one_step(iterator, slot)
                     return None
             else:
+
                 def resume(iterator, meta):
                     slot, base, size_ = on_ps(meta[0]), meta[1], meta[2]
-                    done = tf.raw_ops.ResourceGather(resource=progress.handle, indices=slot,
-                                                     dtype=tf.int64) - base
+                    done = (
+                        tf.raw_ops.ResourceGather(
+                            resource=progress.handle, indices=slot, dtype=tf.int64
+                        )
+                        - base
+                    )
                     todo = size_ - done
                     if not logs:
                         for _ in tf.range(todo):
@@ -573,8 +617,9 @@ class _Runner:
         from tensorflow.python.distribute.coordinator import cluster_coordinator as cc
         from tensorflow.python.util import nest
 
-        specs = nest.map_structure(cc._maybe_as_type_spec,
-                                   cc._select_worker_slice(0, (iterator, meta)))
+        specs = nest.map_structure(
+            cc._maybe_as_type_spec, cc._select_worker_slice(0, (iterator, meta))
+        )
         extended = self.strategy.extended
         with self.strategy.scope():
             extended._being_scheduled = True
@@ -591,14 +636,14 @@ class _Runner:
                 if key not in traced:
                     traced[key] = (
                         self._concrete_function(self.function(mode, logs, size), iterator, meta),
-                        self._concrete_function(self.function(mode, logs), iterator, meta))
+                        self._concrete_function(self.function(mode, logs), iterator, meta),
+                    )
                 group = _Group(*traced[key], size)
             except (AttributeError, ImportError, TypeError) as err:  # TensorFlow changed
                 log.info("tfdist: scheduling through ClusterCoordinator.schedule (%s).", err)
                 self._direct = False
             else:
-                return self.coordinator._cluster.schedule(group, args=(iterator, meta),
-                                                          kwargs=None)
+                return self.coordinator._cluster.schedule(group, args=(iterator, meta), kwargs=None)
         return self.coordinator.schedule(self.function(mode, logs), args=(iterator, meta))
 
     # ------------------------------------------------------------------------ the loop
@@ -613,7 +658,8 @@ class _Runner:
             log.warning(
                 "tfdist: %s unreachable; their groups run again on the other workers (each "
                 "step applied once). A worker restarted at the same address rejoins.",
-                ", ".join(sorted(workers)))
+                ", ".join(sorted(workers)),
+            )
         self._lost_workers = workers
 
     def _join(self) -> None:
@@ -648,8 +694,17 @@ class _Runner:
                 self._join()  # raises if the group itself failed
         return None
 
-    def run(self, mode: str, iterator, steps: int, steps_per_execution: int, on_begin,
-            on_end, should_stop, batch_hooks: bool = True) -> dict:
+    def run(
+        self,
+        mode: str,
+        iterator,
+        steps: int,
+        steps_per_execution: int,
+        on_begin,
+        on_end,
+        should_stop,
+        batch_hooks: bool = True,
+    ) -> dict:
         """Runs `steps` steps; returns the logs of the last group (in scheduling order).
 
         With `batch_hooks`, `on_begin(first_step)` runs when a group is scheduled and
@@ -713,8 +768,12 @@ class _Runner:
 
 def _runner_for(model, strategy, coordinator) -> _Runner:
     """The model's runner (its traced step functions), made again when it is recompiled."""
-    key = (id(strategy), id(model.optimizer), id(getattr(model, "_compile_loss", None)),
-           id(getattr(model, "_compile_metrics", None)))
+    key = (
+        id(strategy),
+        id(model.optimizer),
+        id(getattr(model, "_compile_loss", None)),
+        id(getattr(model, "_compile_metrics", None)),
+    )
     cached = getattr(model, "_tfdist_ps_runner", None)
     if cached is None or cached[0] != key:
         cached = (key, _Runner(model, strategy, coordinator))
@@ -739,11 +798,16 @@ def _evaluate_loop(model, runner, iterator, steps, steps_per_execution, callback
     model.stop_evaluating = False
     callbacks.on_test_begin()
     model.reset_metrics()
-    last = runner.run("test", iterator, steps, steps_per_execution,
-                      callbacks.on_test_batch_begin,
-                      lambda end, logs: callbacks.on_test_batch_end(end, _to_python(logs)),
-                      lambda: getattr(model, "stop_evaluating", False),
-                      batch_hooks=_has_batch_hooks(callbacks, "test"))
+    last = runner.run(
+        "test",
+        iterator,
+        steps,
+        steps_per_execution,
+        callbacks.on_test_batch_begin,
+        lambda end, logs: callbacks.on_test_batch_end(end, _to_python(logs)),
+        lambda: getattr(model, "stop_evaluating", False),
+        batch_hooks=_has_batch_hooks(callbacks, "test"),
+    )
     logs = _epoch_logs(model, last)
     callbacks.on_test_end(logs)
     return logs
@@ -758,12 +822,21 @@ def _steps_per_execution(model, value) -> int:
 # ------------------------------------------------------------------------------ public API
 
 
-def fit_parameter_server(model, strategy, dataset_fn: Callable, *, epochs: int = 1,
-                         steps_per_epoch: int, steps_per_execution: Optional[int] = None,
-                         callbacks=None, verbose="auto",
-                         validation_dataset_fn: Optional[Callable] = None,
-                         validation_steps: Optional[int] = None, initial_epoch: int = 0,
-                         sample_batch=None):
+def fit_parameter_server(
+    model,
+    strategy,
+    dataset_fn: Callable,
+    *,
+    epochs: int = 1,
+    steps_per_epoch: int,
+    steps_per_execution: Optional[int] = None,
+    callbacks=None,
+    verbose="auto",
+    validation_dataset_fn: Optional[Callable] = None,
+    validation_steps: Optional[int] = None,
+    initial_epoch: int = 0,
+    sample_batch=None,
+):
     """Trains a compiled Keras model with a parameter-server strategy, from the coordinator.
 
     Runs on the chief of a parameter-server job; the worker and ps tasks only serve. Build and
@@ -813,23 +886,42 @@ def fit_parameter_server(model, strategy, dataset_fn: Callable, *, epochs: int =
         if validation_steps is None:
             raise ValueError(
                 "`validation_steps` is required with `validation_dataset_fn`: a dataset made "
-                "per worker has no common end. Received: validation_steps=None.")
+                "per worker has no common end. Received: validation_steps=None."
+            )
         _count("validation_steps", validation_steps)
     _check_strategy(strategy)
-    options = dict(epochs=epochs, steps_per_epoch=steps_per_epoch,
-                   steps_per_execution=steps_per_execution, callbacks=callbacks,
-                   verbose=verbose, validation_dataset_fn=validation_dataset_fn,
-                   validation_steps=validation_steps, initial_epoch=initial_epoch,
-                   sample_batch=sample_batch)
+    options = dict(
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        steps_per_execution=steps_per_execution,
+        callbacks=callbacks,
+        verbose=verbose,
+        validation_dataset_fn=validation_dataset_fn,
+        validation_steps=validation_steps,
+        initial_epoch=initial_epoch,
+        sample_batch=sample_batch,
+    )
     with _naming_lost_tasks(strategy):
         if _compat.uses_legacy_keras():
             return _fit_tf_keras(model, strategy, dataset_fn, **options)
         return _fit_keras3(model, strategy, dataset_fn, **options)
 
 
-def _fit_keras3(model, strategy, dataset_fn, *, epochs, steps_per_epoch, steps_per_execution,
-                callbacks, verbose, validation_dataset_fn, validation_steps, initial_epoch,
-                sample_batch):
+def _fit_keras3(
+    model,
+    strategy,
+    dataset_fn,
+    *,
+    epochs,
+    steps_per_epoch,
+    steps_per_execution,
+    callbacks,
+    verbose,
+    validation_dataset_fn,
+    validation_steps,
+    initial_epoch,
+    sample_batch,
+):
     keras = _compat.keras()
     k = _steps_per_execution(model, steps_per_execution)
     coordinator = coordinator_for(strategy)
@@ -838,12 +930,19 @@ def _fit_keras3(model, strategy, dataset_fn, *, epochs, steps_per_epoch, steps_p
     train_iterator = iter(_per_worker_dataset(coordinator, strategy, "dataset_fn", dataset_fn))
     validation = None
     if validation_dataset_fn is not None:
-        validation = _per_worker_dataset(coordinator, strategy, "validation_dataset_fn",
-                                         validation_dataset_fn)
+        validation = _per_worker_dataset(
+            coordinator, strategy, "validation_dataset_fn", validation_dataset_fn
+        )
     if not isinstance(callbacks, keras.callbacks.CallbackList):
         callbacks = keras.callbacks.CallbackList(
-            callbacks, add_history=True, add_progbar=verbose != 0, verbose=verbose,
-            epochs=epochs, steps=steps_per_epoch, model=model)
+            callbacks,
+            add_history=True,
+            add_progbar=verbose != 0,
+            verbose=verbose,
+            epochs=epochs,
+            steps=steps_per_epoch,
+            model=model,
+        )
 
     model.stop_training = False
     callbacks.on_train_begin()
@@ -856,14 +955,21 @@ def _fit_keras3(model, strategy, dataset_fn, *, epochs, steps_per_epoch, steps_p
         model.reset_metrics()
         callbacks.on_epoch_begin(epoch)
         last = runner.run(
-            "train", train_iterator, steps_per_epoch, k, callbacks.on_train_batch_begin,
+            "train",
+            train_iterator,
+            steps_per_epoch,
+            k,
+            callbacks.on_train_batch_begin,
             lambda end, logs: callbacks.on_train_batch_end(end, _to_python(logs)),
-            lambda: model.stop_training, batch_hooks=batch_hooks)
+            lambda: model.stop_training,
+            batch_hooks=batch_hooks,
+        )
         epoch_logs = _epoch_logs(model, last)
         if validation is not None:
             # A fresh iterator: every validation starts at the beginning of its data.
-            val_logs = _evaluate_loop(model, runner, iter(validation), validation_steps, k,
-                                      callbacks)
+            val_logs = _evaluate_loop(
+                model, runner, iter(validation), validation_steps, k, callbacks
+            )
             epoch_logs.update({f"val_{name}": value for name, value in val_logs.items()})
         callbacks.on_epoch_end(epoch, epoch_logs)
         training_logs = epoch_logs
@@ -875,9 +981,18 @@ def _fit_keras3(model, strategy, dataset_fn, *, epochs, steps_per_epoch, steps_p
     return _history(callbacks) or getattr(model, "history", None)
 
 
-def evaluate_parameter_server(model, strategy, dataset_fn: Callable, *, steps: int,
-                              steps_per_execution: Optional[int] = None, callbacks=None,
-                              verbose="auto", return_dict: bool = False, sample_batch=None):
+def evaluate_parameter_server(
+    model,
+    strategy,
+    dataset_fn: Callable,
+    *,
+    steps: int,
+    steps_per_execution: Optional[int] = None,
+    callbacks=None,
+    verbose="auto",
+    return_dict: bool = False,
+    sample_batch=None,
+):
     """Evaluates a compiled Keras model with a parameter-server strategy, from the coordinator.
 
     Args:
@@ -897,16 +1012,32 @@ def evaluate_parameter_server(model, strategy, dataset_fn: Callable, *, steps: i
     if steps_per_execution is not None:
         _count("steps_per_execution", steps_per_execution)
     _check_strategy(strategy)
-    options = dict(steps=steps, steps_per_execution=steps_per_execution, callbacks=callbacks,
-                   verbose=verbose, return_dict=return_dict, sample_batch=sample_batch)
+    options = dict(
+        steps=steps,
+        steps_per_execution=steps_per_execution,
+        callbacks=callbacks,
+        verbose=verbose,
+        return_dict=return_dict,
+        sample_batch=sample_batch,
+    )
     with _naming_lost_tasks(strategy):
         if _compat.uses_legacy_keras():
             return _evaluate_tf_keras(model, strategy, dataset_fn, **options)
         return _evaluate_keras3(model, strategy, dataset_fn, **options)
 
 
-def _evaluate_keras3(model, strategy, dataset_fn, *, steps, steps_per_execution, callbacks,
-                     verbose, return_dict, sample_batch):
+def _evaluate_keras3(
+    model,
+    strategy,
+    dataset_fn,
+    *,
+    steps,
+    steps_per_execution,
+    callbacks,
+    verbose,
+    return_dict,
+    sample_batch,
+):
     keras = _compat.keras()
     k = _steps_per_execution(model, steps_per_execution)
     coordinator = coordinator_for(strategy)
@@ -915,8 +1046,8 @@ def _evaluate_keras3(model, strategy, dataset_fn, *, steps, steps_per_execution,
     iterator = iter(_per_worker_dataset(coordinator, strategy, "dataset_fn", dataset_fn))
     if not isinstance(callbacks, keras.callbacks.CallbackList):
         callbacks = keras.callbacks.CallbackList(
-            callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1, steps=steps,
-            model=model)
+            callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1, steps=steps, model=model
+        )
     logs = _evaluate_loop(model, runner, iterator, steps, k, callbacks)
     if return_dict:
         return logs
@@ -936,19 +1067,26 @@ def _keras_data(x, y, sample_weight, batch_size, shuffle: bool, what: str):
         if y is not None or sample_weight is not None:
             raise ValueError(
                 f"`{what}` got a tf.data.Dataset as x and also y or sample_weight. HINT: put "
-                "them in the dataset's elements: (x, y) or (x, y, sample_weight).")
+                "them in the dataset's elements: (x, y) or (x, y, sample_weight)."
+            )
         # an empty dataset gives no default step count either
         return data_lib.dataset_fn_for(x, repeat=True), data_lib.steps_per_pass(x) or None
     if x is None or callable(x):
         raise TypeError(
             f"`{what}` on parameter_server takes numpy arrays (or dicts of them) or a batched "
             f"tf.data.Dataset. Received: x={x!r} (of type {type(x).__name__}). HINT: for a "
-            "dataset function of an InputContext use tfdist.fit(build_model, dataset_fn, ...).")
-    data = x if y is None and sample_weight is None else (
-        (x, y) if sample_weight is None else (x, y, sample_weight))
+            "dataset function of an InputContext use tfdist.fit(build_model, dataset_fn, ...)."
+        )
+    data = (
+        x
+        if y is None and sample_weight is None
+        else ((x, y) if sample_weight is None else (x, y, sample_weight))
+    )
     batch_size = 32 if batch_size is None else batch_size  # Keras' default
-    return (data_lib.dataset_fn_for(data, batch_size, shuffle=shuffle, repeat=True),
-            data_lib.steps_per_pass(data, batch_size))
+    return (
+        data_lib.dataset_fn_for(data, batch_size, shuffle=shuffle, repeat=True),
+        data_lib.steps_per_pass(data, batch_size),
+    )
 
 
 def _keras_steps(name: str, given, one_pass, what: str) -> int:
@@ -958,14 +1096,31 @@ def _keras_steps(name: str, given, one_pass, what: str) -> int:
         raise ValueError(
             f"`{what}` on parameter_server needs `{name}` for a dataset of unknown or infinite "
             f"length: every worker reads its own repeated input. Received: {name}=None. HINT: "
-            f"{name}=<batches per epoch>, e.g. examples // global batch size.")
+            f"{name}=<batches per epoch>, e.g. examples // global batch size."
+        )
     return one_pass
 
 
-def keras_fit(model, *, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
-              callbacks=None, validation_split=0.0, validation_data=None, shuffle=True,
-              class_weight=None, sample_weight=None, initial_epoch=0, steps_per_epoch=None,
-              validation_steps=None, validation_batch_size=None, validation_freq=1):
+def keras_fit(
+    model,
+    *,
+    x=None,
+    y=None,
+    batch_size=None,
+    epochs=1,
+    verbose="auto",
+    callbacks=None,
+    validation_split=0.0,
+    validation_data=None,
+    shuffle=True,
+    class_weight=None,
+    sample_weight=None,
+    initial_epoch=0,
+    steps_per_epoch=None,
+    validation_steps=None,
+    validation_batch_size=None,
+    validation_freq=1,
+):
     """Keras 3's `model.fit` arguments, on the model's parameter-server strategy.
 
     Installed by tfdist's Keras fixes as `model.fit` for models built in a parameter_server
@@ -977,11 +1132,13 @@ def keras_fit(model, *, x=None, y=None, batch_size=None, epochs=1, verbose="auto
         raise ValueError(
             "`fit` on parameter_server does not take class_weight. Received: class_weight="
             f"{class_weight!r}. HINT: weight the examples instead: "
-            "sample_weight=np.take(weights, y).")
+            "sample_weight=np.take(weights, y)."
+        )
     if validation_freq != 1:
         raise ValueError(
             "`fit` on parameter_server validates after every epoch. Received: "
-            f"validation_freq={validation_freq!r}. HINT: leave validation_freq=1.")
+            f"validation_freq={validation_freq!r}. HINT: leave validation_freq=1."
+        )
     import tensorflow as tf
 
     if validation_split and validation_data is None:
@@ -990,9 +1147,11 @@ def keras_fit(model, *, x=None, y=None, batch_size=None, epochs=1, verbose="auto
         if isinstance(x, tf.data.Dataset):
             raise ValueError(
                 "validation_split needs arrays, not a tf.data.Dataset (as in Keras). HINT: "
-                "pass validation_data= instead.")
+                "pass validation_data= instead."
+            )
         (x, y, sample_weight), validation_data = array_slicing.train_validation_split(
-            (x, y, sample_weight), validation_split=validation_split)
+            (x, y, sample_weight), validation_split=validation_split
+        )
     dataset_fn, one_pass = _keras_data(x, y, sample_weight, batch_size, shuffle, "fit")
     steps_per_epoch = _keras_steps("steps_per_epoch", steps_per_epoch, one_pass, "fit")
     validation_fn = None
@@ -1003,25 +1162,48 @@ def keras_fit(model, *, x=None, y=None, batch_size=None, epochs=1, verbose="auto
             val = (validation_data, None, None)
         else:
             val = data_adapter_utils.unpack_x_y_sample_weight(validation_data)
-        validation_fn, val_pass = _keras_data(*val, validation_batch_size or batch_size, False,
-                                              "fit")
+        validation_fn, val_pass = _keras_data(
+            *val, validation_batch_size or batch_size, False, "fit"
+        )
         validation_steps = _keras_steps("validation_steps", validation_steps, val_pass, "fit")
     return fit_parameter_server(
-        model, model._distribute_strategy, dataset_fn, epochs=epochs,
-        steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=verbose,
-        validation_dataset_fn=validation_fn, validation_steps=validation_steps,
-        initial_epoch=initial_epoch)
+        model,
+        model._distribute_strategy,
+        dataset_fn,
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        callbacks=callbacks,
+        verbose=verbose,
+        validation_dataset_fn=validation_fn,
+        validation_steps=validation_steps,
+        initial_epoch=initial_epoch,
+    )
 
 
-def keras_evaluate(model, *, x=None, y=None, batch_size=None, verbose="auto",
-                   sample_weight=None, steps=None, callbacks=None, return_dict=False):
+def keras_evaluate(
+    model,
+    *,
+    x=None,
+    y=None,
+    batch_size=None,
+    verbose="auto",
+    sample_weight=None,
+    steps=None,
+    callbacks=None,
+    return_dict=False,
+):
     """Keras 3's `model.evaluate` arguments, on the model's parameter-server strategy: the
     aggregate over `steps` batches (by default one pass over the data) read by all workers."""
     dataset_fn, one_pass = _keras_data(x, y, sample_weight, batch_size, False, "evaluate")
     return evaluate_parameter_server(
-        model, model._distribute_strategy, dataset_fn,
-        steps=_keras_steps("steps", steps, one_pass, "evaluate"), callbacks=callbacks,
-        verbose=verbose, return_dict=return_dict)
+        model,
+        model._distribute_strategy,
+        dataset_fn,
+        steps=_keras_steps("steps", steps, one_pass, "evaluate"),
+        callbacks=callbacks,
+        verbose=verbose,
+        return_dict=return_dict,
+    )
 
 
 # ------------------------------------------------------------------------------- tf_keras
@@ -1032,7 +1214,8 @@ def _tf_keras_prepare(model, strategy, dataset_fn, steps_per_execution, sample_b
     if getattr(model, "distribute_strategy", None) is not strategy:
         raise ValueError(
             "The model was not created inside this parameter-server strategy's scope. HINT: "
-            "build and compile it inside `with strategy.scope():`.")
+            "build and compile it inside `with strategy.scope():`."
+        )
     if not model.built:
         if sample_batch is None:
             sample_batch = _local_batch("dataset_fn", dataset_fn)
@@ -1040,38 +1223,69 @@ def _tf_keras_prepare(model, strategy, dataset_fn, steps_per_execution, sample_b
         with strategy.scope():
             model(x)
     if steps_per_execution is not None:
-        model._configure_steps_per_execution(_count("steps_per_execution",
-                                                    steps_per_execution))
+        model._configure_steps_per_execution(_count("steps_per_execution", steps_per_execution))
 
 
 def _tf_keras_verbose(verbose):
     if verbose == 1:  # tf_keras refuses 1 with a ps strategy (a per-batch progress bar)
-        log.info("tfdist: tf_keras prints one line per epoch (verbose=2) under "
-                 "ParameterServerStrategy.")
+        log.info(
+            "tfdist: tf_keras prints one line per epoch (verbose=2) under ParameterServerStrategy."
+        )
         return 2
     return verbose
 
 
-def _fit_tf_keras(model, strategy, dataset_fn, *, epochs, steps_per_epoch,
-                  steps_per_execution, callbacks, verbose, validation_dataset_fn,
-                  validation_steps, initial_epoch, sample_batch):
+def _fit_tf_keras(
+    model,
+    strategy,
+    dataset_fn,
+    *,
+    epochs,
+    steps_per_epoch,
+    steps_per_execution,
+    callbacks,
+    verbose,
+    validation_dataset_fn,
+    validation_steps,
+    initial_epoch,
+    sample_batch,
+):
     keras = _compat.keras()
     creator = keras.utils.experimental.DatasetCreator
     _tf_keras_prepare(model, strategy, dataset_fn, steps_per_execution, sample_batch)
     validation = None
     if validation_dataset_fn is not None:
         validation = creator(_repeating("validation_dataset_fn", validation_dataset_fn))
-    return model.fit(creator(_repeating("dataset_fn", dataset_fn)), epochs=epochs,
-                     steps_per_epoch=steps_per_epoch, callbacks=callbacks,
-                     verbose=_tf_keras_verbose(verbose), validation_data=validation,
-                     validation_steps=validation_steps, initial_epoch=initial_epoch)
+    return model.fit(
+        creator(_repeating("dataset_fn", dataset_fn)),
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        callbacks=callbacks,
+        verbose=_tf_keras_verbose(verbose),
+        validation_data=validation,
+        validation_steps=validation_steps,
+        initial_epoch=initial_epoch,
+    )
 
 
-def _evaluate_tf_keras(model, strategy, dataset_fn, *, steps, steps_per_execution, callbacks,
-                       verbose, return_dict, sample_batch):
+def _evaluate_tf_keras(
+    model,
+    strategy,
+    dataset_fn,
+    *,
+    steps,
+    steps_per_execution,
+    callbacks,
+    verbose,
+    return_dict,
+    sample_batch,
+):
     keras = _compat.keras()
     _tf_keras_prepare(model, strategy, dataset_fn, steps_per_execution, sample_batch)
     return model.evaluate(
         keras.utils.experimental.DatasetCreator(_repeating("dataset_fn", dataset_fn)),
-        steps=steps, callbacks=callbacks, verbose=_tf_keras_verbose(verbose),
-        return_dict=return_dict)
+        steps=steps,
+        callbacks=callbacks,
+        verbose=_tf_keras_verbose(verbose),
+        return_dict=return_dict,
+    )

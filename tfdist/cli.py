@@ -12,6 +12,7 @@ Flags accept hyphens or underscores (--max-restarts / --max_restarts).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -33,56 +34,88 @@ def _hosts(values: Optional[List[str]]) -> List[str]:
 def _task(text: str):
     job, sep, index = text.partition(":")
     if not sep or not index.strip().isdigit():
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a task like 'worker:0' (job:index)")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a task like 'worker:0' (job:index)")
     return job.strip(), int(index)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tfdist", description="Distributed TensorFlow training with Keras.")
+    parser = argparse.ArgumentParser(
+        prog="tfdist", description="Distributed TensorFlow training with Keras."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
     env = sub.add_parser("env", help="report versions, devices, cluster and the auto strategy")
     env.add_argument("--json", action="store_true", help="print JSON for machines")
 
-    tfc = sub.add_parser("tf-config", aliases=["tf_config"], help="print TF_CONFIG for tasks of a cluster")
-    tfc.add_argument("--worker", action="append", metavar="HOST:PORT[,...]",
-                     help="worker address(es); repeat or comma-separate")
-    tfc.add_argument("--ps", action="append", metavar="HOST:PORT[,...]",
-                     help="parameter-server address(es)")
+    tfc = sub.add_parser(
+        "tf-config", aliases=["tf_config"], help="print TF_CONFIG for tasks of a cluster"
+    )
+    tfc.add_argument(
+        "--worker",
+        action="append",
+        metavar="HOST:PORT[,...]",
+        help="worker address(es); repeat or comma-separate",
+    )
+    tfc.add_argument(
+        "--ps", action="append", metavar="HOST:PORT[,...]", help="parameter-server address(es)"
+    )
     tfc.add_argument("--chief", metavar="HOST:PORT", help="the chief's address")
     tfc.add_argument("--evaluator", metavar="HOST:PORT", help="the evaluator's address")
     which = tfc.add_mutually_exclusive_group()
-    which.add_argument("--task", type=_task, metavar="TYPE:INDEX",
-                       help="the task to print (default: the chief, else worker:0)")
+    which.add_argument(
+        "--task",
+        type=_task,
+        metavar="TYPE:INDEX",
+        help="the task to print (default: the chief, else worker:0)",
+    )
     which.add_argument("--all", action="store_true", help="print every task")
-    tfc.add_argument("--format", choices=("json", "export"), default="json",
-                     help="a JSON line, or `export TF_CONFIG='...'` for batch scripts")
+    tfc.add_argument(
+        "--format",
+        choices=("json", "export"),
+        default="json",
+        help="a JSON line, or `export TF_CONFIG='...'` for batch scripts",
+    )
 
     lau = sub.add_parser("launch", help="run a script as a local multi-process job")
     lau.add_argument("--workers", type=int, default=1, help="number of workers (default 1)")
     lau.add_argument("--ps", type=int, default=0, help="number of parameter servers")
     lau.add_argument("--chief", action="store_true", help="add a chief task")
     lau.add_argument("--evaluator", action="store_true", help="add an evaluator task")
-    lau.add_argument("--strategy", choices=STRATEGY_NAMES + ("off",),
-                     help="strategy name for tfdist.make_strategy() (sets TFDIST_STRATEGY)")
-    lau.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
-                     help="restart the whole job at most this many times after a failure")
+    lau.add_argument(
+        "--strategy",
+        choices=STRATEGY_NAMES + ("off",),
+        help="strategy name for tfdist.make_strategy() (sets TFDIST_STRATEGY)",
+    )
+    lau.add_argument(
+        "--max-restarts",
+        "--max_restarts",
+        type=int,
+        default=0,
+        help="restart the whole job at most this many times after a failure",
+    )
     lau.add_argument("--timeout", type=float, default=None, help="stop the job after SECONDS")
-    lau.add_argument("--log-dir", "--log_dir", help="also write each task's output to LOG_DIR/<task>.log")
-    lau.add_argument("--dry-run", "--dry_run", action="store_true",
-                     help="print each task's command and environment; start nothing")
-    lau.add_argument("-m", dest="module", action="store_true",
-                     help="TARGET is a module name, run as python -m")
+    lau.add_argument(
+        "--log-dir", "--log_dir", help="also write each task's output to LOG_DIR/<task>.log"
+    )
+    lau.add_argument(
+        "--dry-run",
+        "--dry_run",
+        action="store_true",
+        help="print each task's command and environment; start nothing",
+    )
+    lau.add_argument(
+        "-m", dest="module", action="store_true", help="TARGET is a module name, run as python -m"
+    )
     lau.add_argument("target", metavar="TARGET", help="the script (or module with -m)")
     lau.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
     sub.add_parser("serve", help="run this task (from TF_CONFIG) as a worker/ps server")
 
     doc = sub.add_parser("doctor", help="environment report plus a real 2-process smoke test")
-    doc.add_argument("--timeout", type=float, default=180.0,
-                     help="seconds for the smoke test (default 180)")
+    doc.add_argument(
+        "--timeout", type=float, default=180.0, help="seconds for the smoke test (default 180)"
+    )
     return parser
 
 
@@ -99,15 +132,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _cmd_tf_config(args) -> int:
     workers, ps = _hosts(args.worker), _hosts(args.ps)
     if workers or ps or args.chief or args.evaluator:
-        spec = ClusterSpec.from_hosts(workers=workers, ps=ps, chief=args.chief,
-                                      evaluator=args.evaluator,
-                                      task_type="chief" if args.chief else "worker")
+        spec = ClusterSpec.from_hosts(
+            workers=workers,
+            ps=ps,
+            chief=args.chief,
+            evaluator=args.evaluator,
+            task_type="chief" if args.chief else "worker",
+        )
     else:
         spec = detect_cluster()
         if spec.is_single_process:
             raise ClusterConfigError(
                 "No cluster: give its tasks, e.g. `tfdist tf-config --worker h1:2222,h2:2222 "
-                "--all`, or set TF_CONFIG / run inside srun.")
+                "--all`, or set TF_CONFIG / run inside srun."
+            )
     if args.all:
         tasks = spec.tasks
     elif args.task:
@@ -134,26 +172,36 @@ def environment_report() -> dict:
 
     report = dict(_compat.versions())
     report["python"] = sys.version.split()[0]
+    report["releases"] = release_report(report)
     report["physical_devices"] = [d.name for d in tf.config.list_physical_devices()]
     devices = local_devices()
     report["replica_devices"] = devices
     gpus = tf.config.list_physical_devices("GPU")
     report["nccl"] = {
         "usable": bool(gpus) and tf.test.is_built_with_cuda(),
-        "reason": ("every replica is a GPU and TensorFlow is built with CUDA" if gpus and
-                   tf.test.is_built_with_cuda() else
-                   "no GPU found: collectives use ring (gRPC) / reduce-to-one-device"),
+        "reason": (
+            "every replica is a GPU and TensorFlow is built with CUDA"
+            if gpus and tf.test.is_built_with_cuda()
+            else "no GPU found: collectives use ring (gRPC) / reduce-to-one-device"
+        ),
     }
     report["environment_variables"] = {
-        k: v for k, v in sorted(os.environ.items())
+        k: v
+        for k, v in sorted(os.environ.items())
         if k in ("TF_CONFIG", "TF_USE_LEGACY_KERAS", "CUDA_VISIBLE_DEVICES")
-        or k.startswith("TFDIST_")}
+        or k.startswith("TFDIST_")
+    }
     try:
         environment = detect_environment()
         spec = environment.cluster_spec()
-        report["cluster"] = {"detected_from": environment.name, "jobs": spec.cluster,
-                             "task": spec.task, "num_workers": spec.num_workers,
-                             "num_ps": spec.num_ps, "is_chief": spec.is_chief}
+        report["cluster"] = {
+            "detected_from": environment.name,
+            "jobs": spec.cluster,
+            "task": spec.task,
+            "num_workers": spec.num_workers,
+            "num_ps": spec.num_ps,
+            "is_chief": spec.is_chief,
+        }
         report["auto_strategy"] = resolve_strategy_name("auto", spec, devices)
         from tfdist.precision import auto_precision
 
@@ -164,6 +212,28 @@ def environment_report() -> dict:
     return report
 
 
+def release_report(versions: Mapping[str, str]) -> dict:
+    """Where these releases stand against the tested matrix, and each fix's state."""
+    from tfdist import fixes, releases
+
+    here = releases.support(versions["tensorflow"], versions["keras"], versions["keras_flavour"])
+    return {
+        "support": here.status,
+        "message": here.message,
+        "matrix": [dataclasses.asdict(r) for r in releases.MATRIX],
+        "fixes": [status.as_dict() for status in fixes.report()],
+    }
+
+
+def _print_releases(report: dict) -> None:
+    releases = report["releases"]
+    print(f"{'releases':16} {releases['support']}: {releases['message']}")
+    pairs = ", ".join(f"{r['tensorflow']}+{r['keras']}" for r in releases["matrix"])
+    print(f"{'tested pairs':16} TensorFlow+Keras {pairs} (each with its tf_keras)")
+    for status in releases["fixes"]:
+        print(f"{'fix':16} {status['name']}: {status['state']} ({status['reason']})")
+
+
 def _cmd_env(args) -> int:
     report = environment_report()
     if args.json:
@@ -171,22 +241,30 @@ def _cmd_env(args) -> int:
     else:
         for key in ("tensorflow", "keras", "keras_flavour", "python"):
             print(f"{key:16} {report[key]}")
+        _print_releases(report)
         print(f"{'devices':16} {', '.join(report['physical_devices'])}")
         print(f"{'replicas':16} {', '.join(report['replica_devices'])}")
-        print(f"{'nccl':16} {'yes' if report['nccl']['usable'] else 'no'} "
-              f"({report['nccl']['reason']})")
+        print(
+            f"{'nccl':16} {'yes' if report['nccl']['usable'] else 'no'} "
+            f"({report['nccl']['reason']})"
+        )
         cluster = report["cluster"]
         if "error" in cluster:
             print(f"{'cluster':16} INVALID: {cluster['error']}")
         else:
-            print(f"{'cluster':16} {cluster['jobs'] or 'single process'} "
-                  f"(from {cluster['detected_from']})")
-            print(f"{'task':16} {cluster['task'] or '-'}"
-                  f"{' (chief)' if cluster['is_chief'] else ''}")
+            print(
+                f"{'cluster':16} {cluster['jobs'] or 'single process'} "
+                f"(from {cluster['detected_from']})"
+            )
+            print(
+                f"{'task':16} {cluster['task'] or '-'}{' (chief)' if cluster['is_chief'] else ''}"
+            )
         print(f"{'auto strategy':16} {report['auto_strategy']}")
         if "precision" in report:
-            print(f"{'auto precision':16} {report['precision']['policy']} "
-                  f"({report['precision']['reason']})")
+            print(
+                f"{'auto precision':16} {report['precision']['policy']} "
+                f"({report['precision']['reason']})"
+            )
         for key, value in report["environment_variables"].items():
             print(f"{key:16} {value}")
     return 1 if "error" in report["cluster"] else 0
@@ -200,24 +278,46 @@ def _cmd_launch(args) -> int:
         script_args = script_args[1:]
     extra = {"TFDIST_STRATEGY": args.strategy} if args.strategy else None
     if args.workers < 1 or args.ps < 0 or args.max_restarts < 0:
-        print("tfdist launch: error: --workers must be >= 1, --ps and --max-restarts >= 0 "
-              f"(received --workers {args.workers} --ps {args.ps} --max-restarts "
-              f"{args.max_restarts})", file=sys.stderr)
+        print(
+            "tfdist launch: error: --workers must be >= 1, --ps and --max-restarts >= 0 "
+            f"(received --workers {args.workers} --ps {args.ps} --max-restarts "
+            f"{args.max_restarts})",
+            file=sys.stderr,
+        )
         return 2
     if not args.module and not os.path.exists(args.target):
-        print(f"tfdist launch: error: script {args.target!r} does not exist. HINT: give a path, "
-              "or -m module.name", file=sys.stderr)
+        print(
+            f"tfdist launch: error: script {args.target!r} does not exist. HINT: give a path, "
+            "or -m module.name",
+            file=sys.stderr,
+        )
         return 2
     if args.dry_run:
-        for plan in plan_job(args.target, script_args, workers=args.workers, ps=args.ps,
-                             chief=args.chief, evaluator=args.evaluator, module=args.module,
-                             extra_env=extra):
+        for plan in plan_job(
+            args.target,
+            script_args,
+            workers=args.workers,
+            ps=args.ps,
+            chief=args.chief,
+            evaluator=args.evaluator,
+            module=args.module,
+            extra_env=extra,
+        ):
             print(plan.describe())
         return 0
-    codes = launch(args.target, script_args, workers=args.workers, ps=args.ps,
-                   chief=args.chief, evaluator=args.evaluator, module=args.module,
-                   max_restarts=args.max_restarts, timeout=args.timeout,
-                   log_dir=args.log_dir, extra_env=extra)
+    codes = launch(
+        args.target,
+        script_args,
+        workers=args.workers,
+        ps=args.ps,
+        chief=args.chief,
+        evaluator=args.evaluator,
+        module=args.module,
+        max_restarts=args.max_restarts,
+        timeout=args.timeout,
+        log_dir=args.log_dir,
+        extra_env=extra,
+    )
     failed = {t: c for t, c in codes.items() if c != 0}
     return 0 if not failed else 1
 
@@ -236,12 +336,15 @@ def diagnose(env: Mapping[str, str], devices: Sequence[str]) -> List[str]:
         problems.append(
             "TF_CONFIG is set in this shell, so every TensorFlow program started here joins "
             "that cluster (and waits for its peers). HINT: `unset TF_CONFIG` for local runs; "
-            "`tfdist launch` sets it per task.")
+            "`tfdist launch` sets it per task."
+        )
     if env.get("TFDIST_COMMUNICATION", "").strip().lower() == "nccl" and not any(
-            "gpu" in d.lower() for d in devices):
+        "gpu" in d.lower() for d in devices
+    ):
         problems.append(
             f"TFDIST_COMMUNICATION=nccl, but this host has no GPU (replicas: {list(devices)}). "
-            "HINT: unset it or use ring; NCCL needs every replica on a GPU.")
+            "HINT: unset it or use ring; NCCL needs every replica on a GPU."
+        )
     return problems
 
 
@@ -253,21 +356,59 @@ def smoke_verdict(result) -> List[str]:
         if result.reason == "timeout":
             failures.append(
                 f"{name}: no result in time. HINT: a firewall or a blocked loopback port stops "
-                "the workers from meeting; check that 127.0.0.1 ports are open.")
+                "the workers from meeting; check that 127.0.0.1 ports are open."
+            )
             continue
         if "could not form the multi-worker cluster" in text:
-            failures.append(f"{name}: the workers could not meet on loopback. HINT: a blocked "
-                            "port or a proxy (unset http_proxy/grpc_proxy for 127.0.0.1).")
+            failures.append(
+                f"{name}: the workers could not meet on loopback. HINT: a blocked "
+                "port or a proxy (unset http_proxy/grpc_proxy for 127.0.0.1)."
+            )
         elif "SMOKE allreduce=3" not in text:
-            failures.append(f"{name}: the all-reduce did not give 1 + 2 = 3. Last lines:\n"
-                            + "\n".join(task.output[-10:]))
+            failures.append(
+                f"{name}: the all-reduce did not give 1 + 2 = 3. Last lines:\n"
+                + "\n".join(task.output[-10:])
+            )
         elif "SMOKE fit_steps=3" not in text:
-            failures.append(f"{name}: the 3-step multi-worker fit failed. Last lines:\n"
-                            + "\n".join(task.output[-10:]))
+            failures.append(
+                f"{name}: the 3-step multi-worker fit failed. Last lines:\n"
+                + "\n".join(task.output[-10:])
+            )
+        for scenario, outcome in scenario_outcomes(task.output).items():
+            if outcome != "ok":
+                fixes = ", ".join(SCENARIO_FIXES.get(scenario, ())) or "none"
+                failures.append(
+                    f"{name}: the scenario {scenario} failed: {outcome}. The fixes that cover it: "
+                    f"{fixes} (`tfdist env` shows their state). HINT: use a release of the "
+                    "tested matrix, or report this release as an issue."
+                )
     return failures
 
 
+# The doctor's scenarios (tfdist/_smoke.py) and the fixes each one exercises.
+SCENARIO_FIXES = {
+    "fit_on_a_dataset": (
+        "symbolic_build_from_a_local_batch",
+        "multi_worker_mean_of_metric_results",
+    ),
+    "steps_per_execution": ("multi_worker_steps_per_execution",),
+    "checkpoints_and_backup": ("multi_worker_checkpoint_callbacks",),
+    "dropout_masks_per_worker": ("different_random_draws_per_replica",),
+}
+
+
+def scenario_outcomes(lines: Sequence[str]) -> dict:
+    """{scenario: "ok" or "FAILED ..."} from the smoke job's `SMOKE scenario:` lines."""
+    outcomes = {}
+    for line in lines:
+        if "SMOKE scenario:" in line:
+            key, _, outcome = line.split("SMOKE scenario:", 1)[1].partition("=")
+            outcomes[key] = outcome.strip()
+    return outcomes
+
+
 def _cmd_doctor(args) -> int:
+    import tempfile
     import time
 
     from tfdist.launcher import plan_job, run_job
@@ -280,23 +421,39 @@ def _cmd_doctor(args) -> int:
         problems.append(f"The detected cluster is invalid: {report['cluster']['error']}")
     for problem in problems:
         print(f"PROBLEM  {problem}")
-    print("-- smoke test: 2 workers on loopback (all-reduce, then a 3-step fit)")
+    print(
+        "-- smoke test: 2 workers on loopback (all-reduce, a 3-step fit, then the scenarios "
+        "that exercise the fixes)"
+    )
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", "TFDIST_STRATEGY": "multi_worker_mirrored"}
     started = time.monotonic()
-    plans = plan_job("tfdist._smoke", module=True, workers=2, extra_env=env)
-    result = run_job(plans, timeout=args.timeout, quiet=True, grace=3.0)
+    with tempfile.TemporaryDirectory(prefix="tfdist-doctor-") as directory:
+        plans = plan_job("tfdist._smoke", [directory], module=True, workers=2, extra_env=env)
+        result = run_job(plans, timeout=args.timeout, quiet=True, grace=3.0)
     failures = smoke_verdict(result)
     for failure in failures:
         print(f"FAILED   {failure}")
     seconds = time.monotonic() - started
+    chief = result.tasks.get("worker:0")
+    for scenario, outcome in scenario_outcomes(chief.output if chief else []).items():
+        print(f"{'ok' if outcome == 'ok' else 'FAILED':8} scenario {scenario}")
     if not failures:
-        print(f"OK       2 workers met, all-reduced 1 + 2 = 3 and trained 3 steps "
-              f"({seconds:.1f} s)")
-    verdict = "healthy" if not (failures or problems) else (
-        "problems found (see above)" if not failures else "broken (see above)")
+        print(
+            f"OK       2 workers met, all-reduced 1 + 2 = 3 and trained 3 steps ({seconds:.1f} s)"
+        )
+    verdict = (
+        "healthy"
+        if not (failures or problems)
+        else ("problems found (see above)" if not failures else "broken (see above)")
+    )
     print(f"\nverdict: {verdict}")
     return 1 if failures else 0
 
 
-_COMMANDS = {"env": _cmd_env, "tf-config": _cmd_tf_config, "launch": _cmd_launch,
-             "serve": _cmd_serve, "doctor": _cmd_doctor}
+_COMMANDS = {
+    "env": _cmd_env,
+    "tf-config": _cmd_tf_config,
+    "launch": _cmd_launch,
+    "serve": _cmd_serve,
+    "doctor": _cmd_doctor,
+}

@@ -310,12 +310,12 @@ class ClusterSpec:
             if sum(len(a) for a in jobs.values()) > 1:
                 raise ClusterConfigError(
                     "TF_CONFIG has no 'task', but its cluster has several tasks. Every process "
-                    "needs its own task, e.g. \"task\": {\"type\": \"worker\", \"index\": 0}."
+                    'needs its own task, e.g. "task": {"type": "worker", "index": 0}.'
                 )
             return cls(jobs)
         if not isinstance(task, Mapping) or "type" not in task:
             raise ClusterConfigError(
-                f"TF_CONFIG 'task' must look like {{\"type\": \"worker\", \"index\": 0}}. "
+                f'TF_CONFIG \'task\' must look like {{"type": "worker", "index": 0}}. '
                 f"Received: {task!r}."
             )
         if task["type"] not in JOB_NAMES:
@@ -346,8 +346,12 @@ class ClusterSpec:
             task_index: int. This process's index in its job. Defaults to 0.
         """
         cluster = {}
-        for job, value in (("chief", chief), ("worker", workers), ("ps", ps),
-                           ("evaluator", evaluator)):
+        for job, value in (
+            ("chief", chief),
+            ("worker", workers),
+            ("ps", ps),
+            ("evaluator", evaluator),
+        ):
             hosts = _split_hosts(value)
             if hosts:
                 cluster[job] = hosts
@@ -359,9 +363,16 @@ class ClusterSpec:
         return cls(cluster, task_type, task_index)
 
     @classmethod
-    def local(cls, workers: int = 1, ps: int = 0, chief: bool = False,
-              evaluator: bool = False, task_type: Optional[str] = None,
-              task_index: int = 0, host: str = "127.0.0.1") -> "ClusterSpec":
+    def local(
+        cls,
+        workers: int = 1,
+        ps: int = 0,
+        chief: bool = False,
+        evaluator: bool = False,
+        task_type: Optional[str] = None,
+        task_index: int = 0,
+        host: str = "127.0.0.1",
+    ) -> "ClusterSpec":
         """Builds a cluster on this machine, on free loopback ports.
 
         Ports are distinct from those of any other local cluster built by this process.
@@ -383,16 +394,25 @@ class ClusterSpec:
             raise ClusterConfigError(
                 f"local() needs at least one worker. Received: workers={workers}."
             )
-        counts = {"chief": int(bool(chief)), "worker": workers, "ps": ps,
-                  "evaluator": int(bool(evaluator))}
+        counts = {
+            "chief": int(bool(chief)),
+            "worker": workers,
+            "ps": ps,
+            "evaluator": int(bool(evaluator)),
+        }
         ports = iter(free_ports(sum(counts.values())))
-        cluster = {job: [f"{host}:{next(ports)}" for _ in range(n)]
-                   for job, n in counts.items() if n}
+        cluster = {
+            job: [f"{host}:{next(ports)}" for _ in range(n)] for job, n in counts.items() if n
+        }
         return cls(cluster, task_type, task_index)
 
     @classmethod
-    def from_slurm(cls, env: Optional[Mapping[str, str]] = None, num_ps: Optional[int] = None,
-                   port: Optional[int] = None) -> "ClusterSpec":
+    def from_slurm(
+        cls,
+        env: Optional[Mapping[str, str]] = None,
+        num_ps: Optional[int] = None,
+        port: Optional[int] = None,
+    ) -> "ClusterSpec":
         """Builds a spec from the variables of a SLURM `srun` step.
 
         See `tfdist.environments.SlurmEnvironment` for the variables read and the task layout.
@@ -479,8 +499,9 @@ class ClusterSpec:
 
     # ------------------------------------------------------------------------------ outputs
 
-    def to_tf_config(self, task_type: Optional[str] = None,
-                     task_index: Optional[int] = None) -> dict:
+    def to_tf_config(
+        self, task_type: Optional[str] = None, task_index: Optional[int] = None
+    ) -> dict:
         """Returns the TF_CONFIG dict of a task of this cluster (this task by default)."""
         if not self._jobs:
             raise ClusterConfigError(
@@ -490,10 +511,13 @@ class ClusterSpec:
         if task_type is None and task_index is None:
             spec = self
         else:
-            spec = self.replace_task(task_type or self._task_type,
-                                     0 if task_index is None else task_index)
-        return {"cluster": spec.cluster,
-                "task": {"type": spec._task_type, "index": spec._task_index}}
+            spec = self.replace_task(
+                task_type or self._task_type, 0 if task_index is None else task_index
+            )
+        return {
+            "cluster": spec.cluster,
+            "task": {"type": spec._task_type, "index": spec._task_index},
+        }
 
     def to_json(self, task_type: Optional[str] = None, task_index: Optional[int] = None) -> str:
         """Returns `to_tf_config(...)` as a compact JSON string, ready for TF_CONFIG."""
@@ -510,8 +534,8 @@ class ClusterSpec:
         import tensorflow as tf
 
         return tf.distribute.cluster_resolver.SimpleClusterResolver(
-            self.to_tf(), task_type=self._task_type, task_id=self._task_index,
-            rpc_layer=rpc_layer)
+            self.to_tf(), task_type=self._task_type, task_id=self._task_index, rpc_layer=rpc_layer
+        )
 
     # ------------------------------------------------------------------------- value object
 

@@ -46,15 +46,37 @@ DEFAULT_SHUFFLE_BUFFER = 10_000
 SHARED_SEED = 0x7FD15
 
 # Source datasets that read files, as tf.data's own auto-shard rewrite recognises them.
-_READER_PREFIXES = ("TFRecordDataset", "TextLineDataset", "FixedLengthRecordDataset",
-                    "ArrayRecordDataset", "RecordIODataset", "SSTableDataset", "CSVDataset",
-                    "ExperimentalCSVDataset", "LMDBDataset", "ExperimentalLMDBDataset")
+_READER_PREFIXES = (
+    "TFRecordDataset",
+    "TextLineDataset",
+    "FixedLengthRecordDataset",
+    "ArrayRecordDataset",
+    "RecordIODataset",
+    "SSTableDataset",
+    "CSVDataset",
+    "ExperimentalCSVDataset",
+    "LMDBDataset",
+    "ExperimentalLMDBDataset",
+)
 # Datasets that pass the elements of their first input through (count and identity).
-_PASS_THROUGH = ("ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
-                 "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2", "PrefetchDataset",
-                 "CacheDataset", "CacheDatasetV2", "RepeatDataset", "OptionsDataset",
-                 "ModelDataset", "MaxIntraOpParallelismDataset", "PrivateThreadPoolDataset",
-                 "AssertCardinalityDataset", "AssertNextDataset", "FinalizeDataset")
+_PASS_THROUGH = (
+    "ShuffleDataset",
+    "ShuffleDatasetV2",
+    "ShuffleDatasetV3",
+    "ShuffleAndRepeatDataset",
+    "ShuffleAndRepeatDatasetV2",
+    "PrefetchDataset",
+    "CacheDataset",
+    "CacheDatasetV2",
+    "RepeatDataset",
+    "OptionsDataset",
+    "ModelDataset",
+    "MaxIntraOpParallelismDataset",
+    "PrivateThreadPoolDataset",
+    "AssertCardinalityDataset",
+    "AssertNextDataset",
+    "FinalizeDataset",
+)
 
 _WARNED: set = set()
 _WARNED_LOCK = threading.Lock()
@@ -77,24 +99,27 @@ def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:
         TypeError: a non-integer value.
         ValueError: a value < 1, or a global batch the replica count does not divide.
     """
-    for name, value in (("global_batch_size", global_batch_size),
-                        ("num_replicas", num_replicas)):
+    for name, value in (("global_batch_size", global_batch_size), ("num_replicas", num_replicas)):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int. Received: {name}={value!r} (of type "
-                            f"{type(value).__name__}).")
+            raise TypeError(
+                f"{name} must be an int. Received: {name}={value!r} (of type "
+                f"{type(value).__name__})."
+            )
         if value < 1:
             raise ValueError(f"{name} must be >= 1. Received: {name}={value}.")
     if global_batch_size % num_replicas:
         lower = global_batch_size // num_replicas * num_replicas
         upper = lower + num_replicas
         choices = [size for size in (lower, upper) if size]
-        suggestion = " or ".join(f"{size} (per-replica batch {size // num_replicas})"
-                                 for size in choices)
+        suggestion = " or ".join(
+            f"{size} (per-replica batch {size // num_replicas})" for size in choices
+        )
         raise ValueError(
             f"global_batch_size={global_batch_size} is not divisible by the {num_replicas} "
             "replicas in sync, so the replicas cannot get equal batches (tfdist batch sizes "
             f"are global: summed over every replica). HINT: use a multiple of {num_replicas}, "
-            f"e.g. global_batch_size={suggestion}.")
+            f"e.g. global_batch_size={suggestion}."
+        )
     return global_batch_size // num_replicas
 
 
@@ -107,7 +132,8 @@ def _kind(data) -> str:
     if isinstance(data, tf.distribute.DistributedDataset):
         raise TypeError(
             "data is already a distributed dataset. HINT: pass the tf.data.Dataset (or a "
-            "dataset_fn) before distributing it.")
+            "dataset_fn) before distributing it."
+        )
     if isinstance(data, tf.data.Dataset):
         return "dataset"
     if callable(data) and not hasattr(data, "shape"):
@@ -123,22 +149,30 @@ def _as_structure(data):
     def convert(value, where):
         if isinstance(value, collections.abc.Mapping):
             return {k: convert(v, f"{where}[{k!r}]") for k, v in value.items()}
-        if isinstance(value, tuple) or (isinstance(value, list) and value and all(
+        if isinstance(value, tuple) or (
+            isinstance(value, list)
+            and value
+            and all(
                 isinstance(v, (np.ndarray, tf.Tensor, tuple, collections.abc.Mapping))
-                for v in value)):
+                for v in value
+            )
+        ):
             # a tuple, or a list of arrays (Keras: several inputs); a list of numbers or of
             # lists is one array
             return tuple(convert(v, f"{where}[{i}]") for i, v in enumerate(value))
         if isinstance(value, tf.Tensor):
             return value.numpy()
         if value is None or isinstance(value, (str, bytes)):
-            raise TypeError(f"data{where} is {value!r}. HINT: data is a tf.data.Dataset, a "
-                            "dataset_fn(input_context), or numpy arrays x, (x, y) or (x, y, "
-                            "sample_weight) (dicts of arrays allowed).")
+            raise TypeError(
+                f"data{where} is {value!r}. HINT: data is a tf.data.Dataset, a "
+                "dataset_fn(input_context), or numpy arrays x, (x, y) or (x, y, "
+                "sample_weight) (dicts of arrays allowed)."
+            )
         array = np.asarray(value)
         if array.ndim == 0:
-            raise ValueError(f"data{where} is a scalar ({value!r}); arrays need a first "
-                             "(example) dimension.")
+            raise ValueError(
+                f"data{where} is a scalar ({value!r}); arrays need a first (example) dimension."
+            )
         return array
 
     structure = convert(data, "")
@@ -146,13 +180,15 @@ def _as_structure(data):
         raise ValueError(
             f"data as a tuple is (x,), (x, y) or (x, y, sample_weight). Received a "
             f"{type(data).__name__} of {len(structure)} items. HINT: group multiple inputs as "
-            "a tuple or dict inside x: ((x1, x2), y).")
+            "a tuple or dict inside x: ((x1, x2), y)."
+        )
     lengths = {len(a) for a in tf.nest.flatten(structure)}
     if len(lengths) != 1:
         shapes = tf.nest.map_structure(lambda a: len(a), structure)
         raise ValueError(
             f"The arrays in data have different numbers of examples: {shapes}. HINT: every "
-            "array needs the same first dimension.")
+            "array needs the same first dimension."
+        )
     return structure, lengths.pop()
 
 
@@ -211,8 +247,9 @@ def _shuffle_buffer(dataset, shuffle_buffer: Optional[int], size: Optional[int] 
 def _static_batch_size(dataset) -> Optional[int]:
     import tensorflow as tf
 
-    sizes = {spec.shape[0] if spec.shape.rank else None
-             for spec in tf.nest.flatten(dataset.element_spec)}
+    sizes = {
+        spec.shape[0] if spec.shape.rank else None for spec in tf.nest.flatten(dataset.element_spec)
+    }
     return sizes.pop() if len(sizes) == 1 and None not in sizes else None
 
 
@@ -233,13 +270,21 @@ def _no_batched_shuffle(what: str = "shuffle=True"):
     return ValueError(
         f"{what} needs unbatched examples: this dataset is taken as already batched "
         "(no global_batch_size given). HINT: pass the unbatched dataset with "
-        "global_batch_size=..., or shuffle / map it yourself before .batch().")
+        "global_batch_size=..., or shuffle / map it yourself before .batch()."
+    )
 
 
-def dataset_fn_for(data, global_batch_size: Optional[int] = None, *, shuffle: bool = False,
-                   seed: Optional[int] = None, repeat: bool = False,
-                   map_fn: Optional[Callable] = None, batch_map_fn: Optional[Callable] = None,
-                   shuffle_buffer: Optional[int] = None) -> Callable:
+def dataset_fn_for(
+    data,
+    global_batch_size: Optional[int] = None,
+    *,
+    shuffle: bool = False,
+    seed: Optional[int] = None,
+    repeat: bool = False,
+    map_fn: Optional[Callable] = None,
+    batch_map_fn: Optional[Callable] = None,
+    shuffle_buffer: Optional[int] = None,
+) -> Callable:
     """A `dataset_fn(input_context)` that reads this pipeline's shard, batched per replica.
 
     For `strategy.distribute_datasets_from_function` and
@@ -282,13 +327,15 @@ def dataset_fn_for(data, global_batch_size: Optional[int] = None, *, shuffle: bo
         return data
     if global_batch_size is not None:
         per_replica_batch_size(global_batch_size, 1)  # type and range, before any graph work
-    settings = _Settings(global_batch_size, shuffle, seed, repeat, map_fn, batch_map_fn,
-                         shuffle_buffer)
+    settings = _Settings(
+        global_batch_size, shuffle, seed, repeat, map_fn, batch_map_fn, shuffle_buffer
+    )
     if kind == "arrays":
         if global_batch_size is None:
             raise ValueError(
                 "global_batch_size is required with arrays. HINT: pass global_batch_size="
-                "(the batch over all replicas), e.g. 32 x the number of replicas.")
+                "(the batch over all replicas), e.g. 32 x the number of replicas."
+            )
         structure, _ = _as_structure(data)
         return _ArraysFn(structure, settings)
     if global_batch_size is None:
@@ -297,8 +344,11 @@ def dataset_fn_for(data, global_batch_size: Optional[int] = None, *, shuffle: bo
 
 
 def _refuse_on_batched(shuffle, map_fn, batch_map_fn) -> None:
-    for given, what in ((shuffle, "shuffle=True"), (map_fn is not None, "map_fn="),
-                        (batch_map_fn is not None, "batch_map_fn=")):
+    for given, what in (
+        (shuffle, "shuffle=True"),
+        (map_fn is not None, "map_fn="),
+        (batch_map_fn is not None, "batch_map_fn="),
+    ):
         if given:
             raise _no_batched_shuffle(what)
 
@@ -318,17 +368,22 @@ class _Settings:
         import tensorflow as tf
 
         if self.map_fn is not None:
-            dataset = dataset.map(self.map_fn, num_parallel_calls=tf.data.AUTOTUNE,
-                                  deterministic=True)
+            dataset = dataset.map(
+                self.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+            )
         if self.shuffle:
-            dataset = dataset.shuffle(_shuffle_buffer(dataset, self.shuffle_buffer, size),
-                                      seed=self.seed, reshuffle_each_iteration=True)
+            dataset = dataset.shuffle(
+                _shuffle_buffer(dataset, self.shuffle_buffer, size),
+                seed=self.seed,
+                reshuffle_each_iteration=True,
+            )
         if self.repeat:
             dataset = dataset.repeat()
         dataset = dataset.batch(per_replica)
         if self.batch_map_fn is not None:
-            dataset = dataset.map(self.batch_map_fn, num_parallel_calls=tf.data.AUTOTUNE,
-                                  deterministic=True)
+            dataset = dataset.map(
+                self.batch_map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+            )
         return _optimize(dataset.prefetch(tf.data.AUTOTUNE))
 
 
@@ -367,8 +422,11 @@ class _DatasetFn:
 
         serialized = values.serialize_dataset_to_graph(self.dataset)
         spec = self.dataset.element_spec
-        return _DatasetFn(self.dataset, self.settings,
-                          lambda: values.deserialize_dataset_from_graph(serialized, spec))
+        return _DatasetFn(
+            self.dataset,
+            self.settings,
+            lambda: values.deserialize_dataset_from_graph(serialized, spec),
+        )
 
     def __call__(self, input_context=None):
         import tensorflow as tf
@@ -389,8 +447,11 @@ class _DatasetFn:
         if pipelines > 1:
             policy, reason = shard_policy(dataset, pipelines)
             _warn_data_sharding(policy, reason, pipelines)
-            dataset = (_shard_files(dataset, pipelines, index) if policy == "FILE"
-                       else dataset.shard(pipelines, index))
+            dataset = (
+                _shard_files(dataset, pipelines, index)
+                if policy == "FILE"
+                else dataset.shard(pipelines, index)
+            )
         return self.settings.finish(dataset, batch)
 
     def __repr__(self):
@@ -400,8 +461,11 @@ class _DatasetFn:
 def _context(input_context) -> Tuple[int, int, int]:
     if input_context is None:  # called by hand, or by a coordinator without a context
         return 1, 0, 1
-    return (input_context.num_input_pipelines, input_context.input_pipeline_id,
-            input_context.num_replicas_in_sync)
+    return (
+        input_context.num_input_pipelines,
+        input_context.input_pipeline_id,
+        input_context.num_replicas_in_sync,
+    )
 
 
 def _shard_files(dataset, num_workers: int, index: int):
@@ -412,7 +476,8 @@ def _shard_files(dataset, num_workers: int, index: int):
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.FILE
     return tf_distribute_ops._AutoShardDataset(  # pylint: disable=protected-access
-        dataset.with_options(options), num_workers, index)
+        dataset.with_options(options), num_workers, index
+    )
 
 
 # ------------------------------------------------------------------ the shard decision
@@ -423,8 +488,11 @@ def _graph(dataset):
     from tensorflow.core.framework import graph_pb2
 
     graph = graph_pb2.GraphDef()
-    graph.ParseFromString(dataset._as_serialized_graph(  # pylint: disable=protected-access
-        external_state_policy=tf.data.experimental.ExternalStatePolicy.WARN).numpy())
+    graph.ParseFromString(
+        dataset._as_serialized_graph(  # pylint: disable=protected-access
+            external_state_policy=tf.data.experimental.ExternalStatePolicy.WARN
+        ).numpy()
+    )
     return graph
 
 
@@ -522,7 +590,8 @@ def _unseeded_shuffle(graph) -> bool:
         if node.op.startswith("Shuffle") and len(node.input) >= 4:
             seeds = [nodes.get(i.split(":")[0]) for i in node.input[2:4]]
             if all(s is not None and s.op == "Const" for s in seeds) and not any(
-                    int(tensor_util.MakeNdarray(s.attr["value"].tensor)) for s in seeds):
+                int(tensor_util.MakeNdarray(s.attr["value"].tensor)) for s in seeds
+            ):
                 return True
     return False
 
@@ -541,27 +610,37 @@ def shard_policy(dataset, num_workers: int) -> Tuple[str, str]:
     try:
         graph = _graph(dataset)
     except Exception as err:  # pylint: disable=broad-except  (a dataset TF cannot serialise)
-        return "DATA", (f"the dataset's graph could not be inspected ({type(err).__name__}), "
-                        "so tfdist cannot tell whether it reads files")
+        return "DATA", (
+            f"the dataset's graph could not be inspected ({type(err).__name__}), "
+            "so tfdist cannot tell whether it reads files"
+        )
     kind, detail = _source(graph)
     if kind == "memory":
-        reason = (f"the dataset reads no files (its source is {detail}), so every worker "
-                  "builds all of it and keeps 1/{n} of the examples")
+        reason = (
+            f"the dataset reads no files (its source is {detail}), so every worker "
+            "builds all of it and keeps 1/{n} of the examples"
+        )
     elif detail is None:
-        reason = ("the dataset reads files, but tfdist could not count them (file names "
-                  "computed at run time, or several sources), so FILE sharding might leave "
-                  "a worker without data")
+        reason = (
+            "the dataset reads files, but tfdist could not count them (file names "
+            "computed at run time, or several sources), so FILE sharding might leave "
+            "a worker without data"
+        )
     elif detail < num_workers:
-        reason = (f"the dataset reads {detail} file(s) but there are {num_workers} workers, so "
-                  "FILE sharding would leave a worker without data; every worker reads all "
-                  "files and keeps 1/{n} of the examples")
+        reason = (
+            f"the dataset reads {detail} file(s) but there are {num_workers} workers, so "
+            "FILE sharding would leave a worker without data; every worker reads all "
+            "files and keeps 1/{n} of the examples"
+        )
     else:
         return "FILE", f"{detail} files over {num_workers} workers, each reads only its files"
     reason = reason.replace("{n}", str(num_workers))
     if _unseeded_shuffle(graph):
-        reason += (". The dataset also shuffles without a seed before the shard is taken, so "
-                   "workers would keep overlapping examples: give that shuffle a seed= (the "
-                   "same on every worker)")
+        reason += (
+            ". The dataset also shuffles without a seed before the shard is taken, so "
+            "workers would keep overlapping examples: give that shuffle a seed= (the "
+            "same on every worker)"
+        )
     return "DATA", reason
 
 
@@ -578,8 +657,10 @@ def _warn_data_sharding(policy: str, reason: str, num_workers: int) -> None:
         warnings.warn(
             f"tfdist shards this dataset by DATA over {num_workers} workers: {reason}. HINT: "
             f"write the data as at least {num_workers} files (e.g. TFRecord shards) for "
-            "FILE sharding, where each worker reads only its own files.", UserWarning,
-            stacklevel=3)
+            "FILE sharding, where each worker reads only its own files.",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 # ---------------------------------------------------------------------- distributing it
@@ -593,12 +674,19 @@ def _num_workers(strategy) -> int:
     return max(1, strategy.num_replicas_in_sync // max(1, local))
 
 
-def distribute_dataset(data, strategy, global_batch_size: Optional[int] = None, *,
-                       shuffle: bool = False, seed: Optional[int] = None,
-                       map_fn: Optional[Callable] = None,
-                       batch_map_fn: Optional[Callable] = None,
-                       shuffle_buffer: Optional[int] = None, repeat: bool = False,
-                       options=None):
+def distribute_dataset(
+    data,
+    strategy,
+    global_batch_size: Optional[int] = None,
+    *,
+    shuffle: bool = False,
+    seed: Optional[int] = None,
+    map_fn: Optional[Callable] = None,
+    batch_map_fn: Optional[Callable] = None,
+    shuffle_buffer: Optional[int] = None,
+    repeat: bool = False,
+    options=None,
+):
     """Shards, batches and prefetches `data` for `strategy` (mirrored, multi_worker_mirrored).
 
     Every worker of a multi-worker job calls it, in the same order. One epoch over the
@@ -640,7 +728,8 @@ def distribute_dataset(data, strategy, global_batch_size: Optional[int] = None, 
         raise ValueError(
             "distribute_dataset does not serve parameter_server strategies: their workers read "
             "data through a ClusterCoordinator. HINT: coordinator.create_per_worker_dataset("
-            "tfdist.dataset_fn_for(data, global_batch_size, repeat=True)), or tfdist.fit.")
+            "tfdist.dataset_fn_for(data, global_batch_size, repeat=True)), or tfdist.fit."
+        )
     replicas = strategy.num_replicas_in_sync
     if global_batch_size is not None:
         per_replica_batch_size(global_batch_size, replicas)
@@ -648,9 +737,16 @@ def distribute_dataset(data, strategy, global_batch_size: Optional[int] = None, 
     workers = _num_workers(strategy)
     if kind == "function" or (kind == "arrays" and workers > 1):
         # Arrays on several workers: each worker slices its own examples out of memory.
-        fn = dataset_fn_for(data, global_batch_size, shuffle=shuffle, seed=seed,
-                            repeat=repeat, map_fn=map_fn, batch_map_fn=batch_map_fn,
-                            shuffle_buffer=shuffle_buffer)
+        fn = dataset_fn_for(
+            data,
+            global_batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            repeat=repeat,
+            map_fn=map_fn,
+            batch_map_fn=batch_map_fn,
+            shuffle_buffer=shuffle_buffer,
+        )
         return strategy.distribute_datasets_from_function(fn, options=options)
     if kind == "arrays":  # one worker: one global pipeline, whose size Keras can see
         if global_batch_size is None:
@@ -665,12 +761,14 @@ def distribute_dataset(data, strategy, global_batch_size: Optional[int] = None, 
     else:
         if shuffle and seed is None and policy == "DATA":
             seed = SHARED_SEED
-        settings = _Settings(global_batch_size, shuffle, seed, repeat, map_fn, batch_map_fn,
-                             shuffle_buffer)
+        settings = _Settings(
+            global_batch_size, shuffle, seed, repeat, map_fn, batch_map_fn, shuffle_buffer
+        )
         dataset = settings.finish(data, global_batch_size)
     shard_options = tf.data.Options()
     shard_options.experimental_distribute.auto_shard_policy = getattr(
-        tf.data.experimental.AutoShardPolicy, policy)
+        tf.data.experimental.AutoShardPolicy, policy
+    )
     dataset = dataset.with_options(shard_options)
     log.debug("tfdist: %s sharding over %d worker(s): %s", policy, workers, reason)
     return strategy.experimental_distribute_dataset(dataset, options=options)
@@ -725,8 +823,12 @@ def _schedule_class():
             base = self.base_lr
             if isinstance(base, keras.optimizers.schedules.LearningRateSchedule):
                 base = keras.optimizers.schedules.serialize(base)
-            return {"base_lr": base, "num_replicas": self.num_replicas,
-                    "warmup_steps": self.warmup_steps, "name": self.name}
+            return {
+                "base_lr": base,
+                "num_replicas": self.num_replicas,
+                "warmup_steps": self.warmup_steps,
+                "name": self.name,
+            }
 
         @classmethod
         def from_config(cls, config):
@@ -736,8 +838,10 @@ def _schedule_class():
             return cls(**config)
 
         def __repr__(self):
-            return (f"<LinearScalingWarmup base_lr={self.base_lr!r} "
-                    f"num_replicas={self.num_replicas} warmup_steps={self.warmup_steps}>")
+            return (
+                f"<LinearScalingWarmup base_lr={self.base_lr!r} "
+                f"num_replicas={self.num_replicas} warmup_steps={self.warmup_steps}>"
+            )
 
     cls = register(LinearScalingWarmup)
     _SCHEDULE_CLASSES[key] = cls
@@ -776,16 +880,21 @@ def scale_learning_rate(base_lr, num_replicas, *, warmup_steps: int = 0, name=No
     """
     replicas = getattr(num_replicas, "num_replicas_in_sync", num_replicas)
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-        raise ValueError(f"num_replicas must be a positive int or a strategy. Received: "
-                         f"num_replicas={num_replicas!r}.")
+        raise ValueError(
+            f"num_replicas must be a positive int or a strategy. Received: "
+            f"num_replicas={num_replicas!r}."
+        )
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be an int >= 0. Received: "
-                         f"warmup_steps={warmup_steps!r}.")
+        raise ValueError(
+            f"warmup_steps must be an int >= 0. Received: warmup_steps={warmup_steps!r}."
+        )
     cls = _schedule_class()
     if isinstance(base_lr, (int, float)) and not isinstance(base_lr, bool):
         if not math.isfinite(base_lr) or base_lr <= 0:
             raise ValueError(f"base_lr must be a positive number. Received: base_lr={base_lr!r}.")
     elif not callable(base_lr):
-        raise TypeError(f"base_lr must be a float or a LearningRateSchedule. Received: "
-                        f"base_lr={base_lr!r} (of type {type(base_lr).__name__}).")
+        raise TypeError(
+            f"base_lr must be a float or a LearningRateSchedule. Received: "
+            f"base_lr={base_lr!r} (of type {type(base_lr).__name__})."
+        )
     return cls(base_lr, replicas, warmup_steps, name)

@@ -81,8 +81,12 @@ class SlurmEnvironment:
         return in_step and not interactive
 
     @classmethod
-    def cluster_spec(cls, env: Optional[Mapping[str, str]] = None, num_ps: Optional[int] = None,
-                     port: Optional[int] = None) -> ClusterSpec:
+    def cluster_spec(
+        cls,
+        env: Optional[Mapping[str, str]] = None,
+        num_ps: Optional[int] = None,
+        port: Optional[int] = None,
+    ) -> ClusterSpec:
         env = _env(env)
         rank = _int_var(env, "SLURM_PROCID")
         ntasks = _int_var(env, "SLURM_STEP_NUM_TASKS", fallback="SLURM_NTASKS")
@@ -139,13 +143,22 @@ class SlurmEnvironment:
                 f"and at least one worker), but the step has {ntasks}. HINT: raise --ntasks or "
                 "lower num_ps / TFDIST_NUM_PS."
             )
-        addresses = [f"{node}:{port + local}"
-                     for node, count in zip(nodes, per_node) for local in range(count)]
+        addresses = [
+            f"{node}:{port + local}"
+            for node, count in zip(nodes, per_node)
+            for local in range(count)
+        ]
         if num_ps:
-            roles = [("chief", 0)] + [("ps", i) for i in range(num_ps)] + [
-                ("worker", i) for i in range(ntasks - num_ps - 1)]
-            cluster = {"chief": addresses[:1], "worker": addresses[num_ps + 1:],
-                       "ps": addresses[1:num_ps + 1]}
+            roles = (
+                [("chief", 0)]
+                + [("ps", i) for i in range(num_ps)]
+                + [("worker", i) for i in range(ntasks - num_ps - 1)]
+            )
+            cluster = {
+                "chief": addresses[:1],
+                "worker": addresses[num_ps + 1 :],
+                "ps": addresses[1 : num_ps + 1],
+            }
         else:
             roles = [("worker", i) for i in range(ntasks)]
             cluster = {"worker": addresses}
@@ -240,7 +253,7 @@ def _expand_host(pattern: str, whole: str) -> List[str]:
     match = re.search(r"\[([^\]]*)\]", pattern)
     if not match:
         return [pattern]
-    prefix, suffix = pattern[:match.start()], pattern[match.end():]
+    prefix, suffix = pattern[: match.start()], pattern[match.end() :]
     out = []
     for part in match.group(1).split(","):
         part = part.strip()
@@ -250,13 +263,13 @@ def _expand_host(pattern: str, whole: str) -> List[str]:
         elif len(bounds) == 2 and bounds[0].isdigit() and bounds[1].isdigit():
             low, high = int(bounds[0]), int(bounds[1])
             if low > high:
-                raise ClusterConfigError(
-                    f"Decreasing range {part!r} in SLURM node list {whole!r}.")
+                raise ClusterConfigError(f"Decreasing range {part!r} in SLURM node list {whole!r}.")
             width = len(bounds[0])
             values = [str(v).zfill(width) for v in range(low, high + 1)]
         else:
             raise ClusterConfigError(
-                f"{part!r} in SLURM node list {whole!r} is not a number or a range like 01-04.")
+                f"{part!r} in SLURM node list {whole!r} is not a number or a range like 01-04."
+            )
         for value in values:
             out.extend(_expand_host(prefix + value + suffix, whole))
     return out
@@ -268,8 +281,7 @@ def expand_tasks_per_node(text: str) -> List[int]:
     for part in str(text).split(","):
         match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
         if not match:
-            raise ClusterConfigError(
-                f"SLURM tasks-per-node value {text!r} is not like '2(x3),1'.")
+            raise ClusterConfigError(f"SLURM tasks-per-node value {text!r} is not like '2(x3),1'.")
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     return counts
 
@@ -281,7 +293,8 @@ def _int_var(env: Mapping[str, str], name: str, fallback: Optional[str] = None) 
         value, used = env.get(fallback), fallback
     if value is None:
         raise ClusterConfigError(
-            f"{name} is not set. HINT: this must run as a task of an `srun` step.")
+            f"{name} is not set. HINT: this must run as a task of an `srun` step."
+        )
     try:
         number = int(str(value).strip())
     except ValueError:
@@ -303,6 +316,5 @@ def _setting(explicit, env: Mapping[str, str], var: str, default: int, arg: str)
         if isinstance(value, bool) or number < 0 or str(number) != str(value).strip():
             raise ValueError
     except (TypeError, ValueError):
-        raise ClusterConfigError(
-            f"{source}{value!r} must be a non-negative integer.") from None
+        raise ClusterConfigError(f"{source}{value!r} must be a non-negative integer.") from None
     return number

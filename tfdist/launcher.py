@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections import deque
 from typing import Dict, List, Mapping, Optional, Sequence, TextIO
 
 from tfdist import _report
@@ -102,14 +101,24 @@ class JobResult:
     @property
     def returncodes(self) -> Dict[str, Optional[int]]:
         """Exit code per task; servers stopped after a successful job count as 0."""
-        return {name: (0 if r.stopped and self.ok else r.returncode)
-                for name, r in self.tasks.items()}
+        return {
+            name: (0 if r.stopped and self.ok else r.returncode) for name, r in self.tasks.items()
+        }
 
 
-def plan_job(target: str, args: Sequence[str] = (), *, workers: int = 1, ps: int = 0,
-             chief: bool = False, evaluator: bool = False, module: bool = False,
-             cluster: Optional[ClusterSpec] = None, python: Optional[str] = None,
-             extra_env: Optional[Mapping[str, str]] = None) -> List[TaskPlan]:
+def plan_job(
+    target: str,
+    args: Sequence[str] = (),
+    *,
+    workers: int = 1,
+    ps: int = 0,
+    chief: bool = False,
+    evaluator: bool = False,
+    module: bool = False,
+    cluster: Optional[ClusterSpec] = None,
+    python: Optional[str] = None,
+    extra_env: Optional[Mapping[str, str]] = None,
+) -> List[TaskPlan]:
     """Computes the command and environment of every task of a local job. Spawns nothing.
 
     Args:
@@ -125,8 +134,9 @@ def plan_job(target: str, args: Sequence[str] = (), *, workers: int = 1, ps: int
         list[TaskPlan], in TF_CONFIG task order.
     """
     if not isinstance(target, str) or not target:
-        raise ValueError(f"Nothing to launch: target={target!r}. HINT: give a script path or "
-                         "-m module.")
+        raise ValueError(
+            f"Nothing to launch: target={target!r}. HINT: give a script path or -m module."
+        )
     if ps and not chief:
         chief = True  # the coordinator of a parameter-server job
     if cluster is None:
@@ -136,17 +146,27 @@ def plan_job(target: str, args: Sequence[str] = (), *, workers: int = 1, ps: int
     plans = []
     for job, index in cluster.tasks:
         serves = bool(cluster.num_ps) and job in ("worker", "ps")
-        argv = ([python, "-m", "tfdist", "serve"] if serves else script + list(args))
-        env = {"TF_CONFIG": cluster.to_json(job, index), "PYTHONUNBUFFERED": "1",
-               "TFDIST_TASK": f"{job}:{index}"}
+        argv = [python, "-m", "tfdist", "serve"] if serves else script + list(args)
+        env = {
+            "TF_CONFIG": cluster.to_json(job, index),
+            "PYTHONUNBUFFERED": "1",
+            "TFDIST_TASK": f"{job}:{index}",
+        }
         env.update(extra_env or {})
         plans.append(TaskPlan(f"{job}:{index}", tuple(argv), env, serves))
     return plans
 
 
 class _Task:
-    def __init__(self, plan: TaskPlan, out: TextIO, lock: threading.Lock,
-                 log_dir: Optional[str], quiet: bool, report_dir: str):
+    def __init__(
+        self,
+        plan: TaskPlan,
+        out: TextIO,
+        lock: threading.Lock,
+        log_dir: Optional[str],
+        quiet: bool,
+        report_dir: str,
+    ):
         self.plan = plan
         self.output: List[str] = []
         self.started = time.monotonic()
@@ -156,13 +176,24 @@ class _Task:
         env.update(plan.env)
         # Where the task reports the steps it trained (tfdist._report), for the summary.
         self.report = env.setdefault(
-            _report.ENV, os.path.join(report_dir, plan.task.replace(":", "-") + ".json"))
-        self.log = open(os.path.join(log_dir, plan.task.replace(":", "-") + ".log"), "a") \
-            if log_dir else None
+            _report.ENV, os.path.join(report_dir, plan.task.replace(":", "-") + ".json")
+        )
+        self.log = (
+            open(os.path.join(log_dir, plan.task.replace(":", "-") + ".log"), "a")
+            if log_dir
+            else None
+        )
         self.proc = subprocess.Popen(
-            list(plan.argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True, text=True, errors="replace",
-            bufsize=1)
+            list(plan.argv),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            text=True,
+            errors="replace",
+            bufsize=1,
+        )
         self.reader = threading.Thread(target=self._read, args=(out, lock, quiet), daemon=True)
         self.reader.start()
 
@@ -193,14 +224,26 @@ class _Task:
             self.log = None
         end = self.ended if self.ended is not None else time.monotonic()
         report = _report.read(self.report) or {}
-        return TaskResult(self.plan.task, self.proc.returncode, self.output,
-                          end - self.started, self.stopped, report.get("steps"),
-                          report.get("seconds"))
+        return TaskResult(
+            self.plan.task,
+            self.proc.returncode,
+            self.output,
+            end - self.started,
+            self.stopped,
+            report.get("steps"),
+            report.get("seconds"),
+        )
 
 
-def run_job(plans: Sequence[TaskPlan], *, timeout: Optional[float] = None,
-            grace: float = GRACE_SECONDS, out: Optional[TextIO] = None,
-            log_dir: Optional[str] = None, quiet: bool = False) -> JobResult:
+def run_job(
+    plans: Sequence[TaskPlan],
+    *,
+    timeout: Optional[float] = None,
+    grace: float = GRACE_SECONDS,
+    out: Optional[TextIO] = None,
+    log_dir: Optional[str] = None,
+    quiet: bool = False,
+) -> JobResult:
     """Runs the planned tasks until every script task has exited, or one fails.
 
     When a task exits non-zero, or `timeout` seconds pass, every other task is stopped
@@ -298,8 +341,11 @@ def _failure_message(result: JobResult, timeout) -> str:
         return f"The job did not finish within --timeout {timeout:g} s; every task was stopped."
     if reason == "interrupted":
         return "The job was interrupted; every task was stopped."
-    first = min((r for r in results.values() if r.returncode not in (0, None) and not r.stopped),
-                key=lambda r: r.seconds, default=None)
+    first = min(
+        (r for r in results.values() if r.returncode not in (0, None) and not r.stopped),
+        key=lambda r: r.seconds,
+        default=None,
+    )
     if first is None:
         return "The job failed."
     code = first.returncode
@@ -307,11 +353,23 @@ def _failure_message(result: JobResult, timeout) -> str:
     return f"Task {first.task} {how}; the other tasks were stopped. Its last lines:\n{first.tail}"
 
 
-def launch(target: str, args: Sequence[str] = (), *, workers: int = 1, ps: int = 0,
-           chief: bool = False, evaluator: bool = False, module: bool = False,
-           max_restarts: int = 0, timeout: Optional[float] = None, log_dir: Optional[str] = None,
-           extra_env: Optional[Mapping[str, str]] = None, quiet: bool = False,
-           out: Optional[TextIO] = None, check: bool = False) -> Dict[str, int]:
+def launch(
+    target: str,
+    args: Sequence[str] = (),
+    *,
+    workers: int = 1,
+    ps: int = 0,
+    chief: bool = False,
+    evaluator: bool = False,
+    module: bool = False,
+    max_restarts: int = 0,
+    timeout: Optional[float] = None,
+    log_dir: Optional[str] = None,
+    extra_env: Optional[Mapping[str, str]] = None,
+    quiet: bool = False,
+    out: Optional[TextIO] = None,
+    check: bool = False,
+) -> Dict[str, int]:
     """Runs `target` as a local multi-process job; the Python twin of `tfdist launch`.
 
     Args:
@@ -328,12 +386,22 @@ def launch(target: str, args: Sequence[str] = (), *, workers: int = 1, ps: int =
         dict: task name ("worker:0") -> exit code of the last attempt.
     """
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ValueError(f"max_restarts must be a non-negative integer. Received: {max_restarts!r}.")
+        raise ValueError(
+            f"max_restarts must be a non-negative integer. Received: {max_restarts!r}."
+        )
     out = out or sys.stdout
     attempt = 0
     while True:
-        plans = plan_job(target, args, workers=workers, ps=ps, chief=chief, evaluator=evaluator,
-                         module=module, extra_env=extra_env)
+        plans = plan_job(
+            target,
+            args,
+            workers=workers,
+            ps=ps,
+            chief=chief,
+            evaluator=evaluator,
+            module=module,
+            extra_env=extra_env,
+        )
         result = run_job(plans, timeout=timeout, out=out, log_dir=log_dir, quiet=quiet)
         if not quiet:
             out.write(summary(result))
@@ -343,8 +411,10 @@ def launch(target: str, args: Sequence[str] = (), *, workers: int = 1, ps: int =
         message = _failure_message(result, timeout)
         if result.reason == "failed" and attempt < max_restarts:
             attempt += 1
-            out.write(f"[tfdist] {message}\n[tfdist] Restarting the job ({attempt}/{max_restarts})"
-                      " on fresh ports.\n")
+            out.write(
+                f"[tfdist] {message}\n[tfdist] Restarting the job ({attempt}/{max_restarts})"
+                " on fresh ports.\n"
+            )
             out.flush()
             continue
         if check:

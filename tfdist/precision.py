@@ -65,8 +65,9 @@ _ONCE_LOCK = threading.Lock()
 # ------------------------------------------------------------------------- the decision
 
 
-def choose_policy(gpu_capabilities: Sequence[Optional[Tuple[int, int]]],
-                  cpu_flags: Iterable[str]) -> Tuple[str, str]:
+def choose_policy(
+    gpu_capabilities: Sequence[Optional[Tuple[int, int]]], cpu_flags: Iterable[str]
+) -> Tuple[str, str]:
     """The policy "auto" picks for these devices, and why. A pure function.
 
     GPUs (when there are any, they do the math): every GPU of compute capability >= 8.0
@@ -86,25 +87,38 @@ def choose_policy(gpu_capabilities: Sequence[Optional[Tuple[int, int]]],
     gpus = list(gpu_capabilities)
     if gpus:
         if any(c is None for c in gpus):
-            return ("float32", f"{len(gpus)} GPU(s), compute capability unknown for at least one"
-                    ": float32 is the safe choice (pass a policy name to override)")
+            return (
+                "float32",
+                f"{len(gpus)} GPU(s), compute capability unknown for at least one"
+                ": float32 is the safe choice (pass a policy name to override)",
+            )
         slowest = min(tuple(c) for c in gpus)
         text = f"{slowest[0]}.{slowest[1]}"
         where = f"{len(gpus)} GPU(s), lowest compute capability {text}"
         if slowest >= (8, 0):
-            return ("mixed_bfloat16", f"{where} >= 8.0: bfloat16 tensor cores, no loss "
-                    "scaling needed")
+            return (
+                "mixed_bfloat16",
+                f"{where} >= 8.0: bfloat16 tensor cores, no loss scaling needed",
+            )
         if slowest >= (7, 0):
-            return ("mixed_float16", f"{where} >= 7.0: float16 tensor cores (no bfloat16); "
-                    "the loss is scaled dynamically")
-        return ("float32", f"{where} < 7.0: no tensor cores, so mixed precision would not "
-                "be faster")
+            return (
+                "mixed_float16",
+                f"{where} >= 7.0: float16 tensor cores (no bfloat16); "
+                "the loss is scaled dynamically",
+            )
+        return (
+            "float32",
+            f"{where} < 7.0: no tensor cores, so mixed precision would not be faster",
+        )
     flags = {f.lower() for f in cpu_flags}
     native = [f for f in CPU_BF16_FLAGS if f in flags]
     if native:
         return ("mixed_bfloat16", f"CPU only, with native bfloat16 ({', '.join(native)})")
-    return ("float32", "CPU only, without native bfloat16 (no amx_bf16 / avx512_bf16 flag): "
-            "mixed precision would be emulated, with no speed-up over float32")
+    return (
+        "float32",
+        "CPU only, without native bfloat16 (no amx_bf16 / avx512_bf16 flag): "
+        "mixed precision would be emulated, with no speed-up over float32",
+    )
 
 
 # ----------------------------------------------------------------- describing this host
@@ -141,8 +155,9 @@ def gpu_capabilities(devices: Optional[Sequence[str]] = None) -> List[Optional[T
 
     physical = tf.config.list_physical_devices("GPU")
     if devices is not None:
-        indexes = [int(m.group(1)) for m in (re.search(r"gpu:(\d+)$", d.lower())
-                                              for d in devices) if m]
+        indexes = [
+            int(m.group(1)) for m in (re.search(r"gpu:(\d+)$", d.lower()) for d in devices) if m
+        ]
         physical = [physical[i] for i in indexes if i < len(physical)] if physical else []
     capabilities = []
     for gpu in physical:
@@ -163,9 +178,12 @@ def auto_precision(devices: Optional[Sequence[str]] = None) -> dict:
     capabilities = gpu_capabilities(devices)
     flags = cpu_flags()
     policy, reason = choose_policy(capabilities, flags)
-    return {"policy": policy, "reason": reason,
-            "gpu_capabilities": [list(c) if c else None for c in capabilities],
-            "cpu_bf16_flags": sorted(f for f in CPU_BF16_FLAGS if f in flags)}
+    return {
+        "policy": policy,
+        "reason": reason,
+        "gpu_capabilities": [list(c) if c else None for c in capabilities],
+        "cpu_bf16_flags": sorted(f for f in CPU_BF16_FLAGS if f in flags),
+    }
 
 
 # ------------------------------------------------------------------------ applying it
@@ -194,12 +212,14 @@ def _canonical_policy(policy) -> str:
     if not isinstance(policy, str):
         raise TypeError(
             f"The precision policy must be a string. Received: policy={policy!r} (of type "
-            f"{type(policy).__name__}). Choose one of: {', '.join(PRECISION_CHOICES)}.")
+            f"{type(policy).__name__}). Choose one of: {', '.join(PRECISION_CHOICES)}."
+        )
     key = policy.strip().lower().replace("-", "_")
     if key not in PRECISION_CHOICES:
         raise ValueError(
             f"policy={policy!r} is not a known precision policy. Choose one of: "
-            f"{', '.join(PRECISION_CHOICES)} (Keras policy names).")
+            f"{', '.join(PRECISION_CHOICES)} (Keras policy names)."
+        )
     return key
 
 
@@ -208,23 +228,29 @@ def _cost_warning(policy: str, capabilities: list, flags: Set[str]) -> Optional[
     if capabilities:
         known = [c for c in capabilities if c is not None]
         if policy == "mixed_bfloat16" and known and min(known) < (8, 0):
-            return ("precision 'mixed_bfloat16' on a GPU of compute capability "
-                    f"{min(known)[0]}.{min(known)[1]} (< 8.0, no bfloat16 tensor cores): "
-                    "expect it to be slower than float32. HINT: use 'mixed_float16' or "
-                    "'auto'.")
+            return (
+                "precision 'mixed_bfloat16' on a GPU of compute capability "
+                f"{min(known)[0]}.{min(known)[1]} (< 8.0, no bfloat16 tensor cores): "
+                "expect it to be slower than float32. HINT: use 'mixed_float16' or "
+                "'auto'."
+            )
         return None
     if policy == "mixed_float16":
-        return ("precision 'mixed_float16' on a host without GPUs: CPUs have no fast "
-                "float16 arithmetic, so TensorFlow converts to and from float16 around the "
-                "ops and dynamic loss scaling adds an all-finite check every step. Expect no "
-                "speed-up over float32 (often a slowdown), with float16's narrow range and "
-                "precision as the price. HINT: use 'float32' or 'auto' (or 'mixed_bfloat16' "
-                "on CPUs with amx_bf16 / avx512_bf16).")
+        return (
+            "precision 'mixed_float16' on a host without GPUs: CPUs have no fast "
+            "float16 arithmetic, so TensorFlow converts to and from float16 around the "
+            "ops and dynamic loss scaling adds an all-finite check every step. Expect no "
+            "speed-up over float32 (often a slowdown), with float16's narrow range and "
+            "precision as the price. HINT: use 'float32' or 'auto' (or 'mixed_bfloat16' "
+            "on CPUs with amx_bf16 / avx512_bf16)."
+        )
     if policy == "mixed_bfloat16" and not any(f in flags for f in CPU_BF16_FLAGS):
-        return ("precision 'mixed_bfloat16' on a CPU without native bfloat16 (no amx_bf16 "
-                "/ avx512_bf16 flag): TensorFlow emulates bfloat16 arithmetic, so expect no "
-                "speed-up over float32, only less precision. HINT: use 'float32' or 'auto' "
-                "on this host.")
+        return (
+            "precision 'mixed_bfloat16' on a CPU without native bfloat16 (no amx_bf16 "
+            "/ avx512_bf16 flag): TensorFlow emulates bfloat16 arithmetic, so expect no "
+            "speed-up over float32, only less precision. HINT: use 'float32' or 'auto' "
+            "on this host."
+        )
     return None
 
 
@@ -356,7 +382,10 @@ def check_model_outputs(model) -> list:
             f"{_policy_name(model)!r} outputs 16-bit floats: {listed}. The loss would be "
             "computed in low precision (float16 can also overflow). HINT: give the last "
             "layer dtype='float32', or end the model with "
-            "keras.layers.Activation('linear', dtype='float32').", UserWarning, stacklevel=2)
+            "keras.layers.Activation('linear', dtype='float32').",
+            UserWarning,
+            stacklevel=2,
+        )
     return bad
 
 
@@ -442,12 +471,14 @@ def _agree_on_finite(gradients) -> list:
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync <= 1:
         return gradients
-    values = [g.values if isinstance(g, tf.IndexedSlices) else g
-              for g in gradients if g is not None]
+    values = [
+        g.values if isinstance(g, tf.IndexedSlices) else g for g in gradients if g is not None
+    ]
     if not values:
         return gradients
-    local_bad = tf.add_n([tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(v)),
-                                                tf.float32)) for v in values])
+    local_bad = tf.add_n(
+        [tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(v)), tf.float32)) for v in values]
+    )
     bad = context.all_reduce(tf.distribute.ReduceOp.SUM, local_bad)
     factor = tf.where(bad > 0, tf.constant(float("nan")), tf.constant(1.0))
 
@@ -455,8 +486,9 @@ def _agree_on_finite(gradients) -> list:
         if g is None:
             return None
         if isinstance(g, tf.IndexedSlices):
-            return tf.IndexedSlices(g.values * tf.cast(factor, g.values.dtype), g.indices,
-                                    g.dense_shape)
+            return tf.IndexedSlices(
+                g.values * tf.cast(factor, g.values.dtype), g.indices, g.dense_shape
+            )
         return g * tf.cast(factor, g.dtype)
 
     return [poison(g) for g in gradients]

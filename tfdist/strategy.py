@@ -32,8 +32,14 @@ __all__ = [
 log = logging.getLogger("tfdist")
 
 # Public names, in the order they are documented. "off" is an alias of "default".
-STRATEGY_NAMES = ("auto", "one_device", "mirrored", "multi_worker_mirrored",
-                  "parameter_server", "default")
+STRATEGY_NAMES = (
+    "auto",
+    "one_device",
+    "mirrored",
+    "multi_worker_mirrored",
+    "parameter_server",
+    "default",
+)
 _ALIASES = {"off": "default"}
 
 # The `communication=` values each strategy understands.
@@ -50,10 +56,18 @@ _OPTIONS = {
     "one_device": (),
     "default": (),
     "mirrored": ("cross_device_ops",),
-    "multi_worker_mirrored": ("communication_options", "bytes_per_pack", "timeout_seconds",
-                              "startup_timeout"),
-    "parameter_server": ("variable_partitioner", "min_shard_bytes", "max_shard_bytes",
-                         "max_shards"),
+    "multi_worker_mirrored": (
+        "communication_options",
+        "bytes_per_pack",
+        "timeout_seconds",
+        "startup_timeout",
+    ),
+    "parameter_server": (
+        "variable_partitioner",
+        "min_shard_bytes",
+        "max_shard_bytes",
+        "max_shards",
+    ),
 }
 
 # A peer that never joins becomes an error after this many seconds instead of a hang.
@@ -143,7 +157,8 @@ def virtual_cpus(n: int) -> list:
     if current and len(current) == n:
         return names
     tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+    )
     return names
 
 
@@ -152,8 +167,7 @@ def virtual_cpus(n: int) -> list:
 
 def _canonical_name(name) -> str:
     if not isinstance(name, str):
-        hint = (" HINT: YAML reads a bare off/no as False; quote it: 'off'."
-                if name is False else "")
+        hint = " HINT: YAML reads a bare off/no as False; quote it: 'off'." if name is False else ""
         raise TypeError(
             f"The strategy name must be a string. Received: name={name!r} "
             f"(of type {type(name).__name__}).{hint}"
@@ -249,8 +263,13 @@ def mirrored_cross_device_ops(communication: str, devices: Sequence[str]):
     return tf.distribute.ReductionToOneDevice()
 
 
-def collective_options(communication: str, devices: Sequence[str], *,
-                       bytes_per_pack: int = 0, timeout_seconds: Optional[float] = None):
+def collective_options(
+    communication: str,
+    devices: Sequence[str],
+    *,
+    bytes_per_pack: int = 0,
+    timeout_seconds: Optional[float] = None,
+):
     """The `CommunicationOptions` for MultiWorkerMirroredStrategy."""
     import tensorflow as tf
 
@@ -289,9 +308,14 @@ _MWMS_CACHE: Dict[tuple, object] = {}
 _MWMS_LOCK = threading.Lock()
 
 
-def make_strategy(name: str = "auto", *, cluster: Optional[ClusterSpec] = None,
-                  devices: Optional[Sequence[str]] = None, communication: str = "auto",
-                  **options):
+def make_strategy(
+    name: str = "auto",
+    *,
+    cluster: Optional[ClusterSpec] = None,
+    devices: Optional[Sequence[str]] = None,
+    communication: str = "auto",
+    **options,
+):
     """Returns a `tf.distribute.Strategy` for `name`, on `cluster` and `devices`.
 
     Build it first thing in the program: a multi-worker strategy must configure TensorFlow's
@@ -349,7 +373,8 @@ def make_strategy(name: str = "auto", *, cluster: Optional[ClusterSpec] = None,
     elif not isinstance(cluster, ClusterSpec):
         raise TypeError(
             f"cluster must be a tfdist.ClusterSpec. Received: {cluster!r} (of type "
-            f"{type(cluster).__name__}). HINT: tfdist.ClusterSpec.from_tf_config(...).")
+            f"{type(cluster).__name__}). HINT: tfdist.ClusterSpec.from_tf_config(...)."
+        )
     if devices is not None:
         devices = _check_devices(devices)
     found = list(devices) if devices is not None else local_devices()
@@ -367,11 +392,12 @@ def make_strategy(name: str = "auto", *, cluster: Optional[ClusterSpec] = None,
     if key != "parameter_server":
         _check_communication(key, communication)
     if key != "default":
-        from tfdist import _compat
+        from tfdist.fixes import apply_fixes
 
-        _compat.apply_keras_fixes()  # the plain Keras idiom works on what tfdist makes
-    strategy = _BUILDERS[key](cluster=cluster, devices=devices, found=found,
-                              communication=communication, **options)
+        apply_fixes()  # the plain Keras idiom works on what tfdist makes
+    strategy = _BUILDERS[key](
+        cluster=cluster, devices=devices, found=found, communication=communication, **options
+    )
     from tfdist import _report
 
     _report.install()  # under `tfdist launch`: the steps/s of the summary line
@@ -382,14 +408,17 @@ def _check_devices(devices) -> list:
     if isinstance(devices, str) or not isinstance(devices, (list, tuple)):
         raise TypeError(
             f"devices must be a list of device strings like ['/gpu:0', '/gpu:1']. Received: "
-            f"{devices!r}.")
+            f"{devices!r}."
+        )
     if not devices:
         raise ValueError("devices=[] names no device. HINT: leave devices out to use all.")
-    bad = [d for d in devices if not isinstance(d, str) or not re.search(
-        r"(cpu|gpu|tpu):\d+$", d.lower())]
+    bad = [
+        d
+        for d in devices
+        if not isinstance(d, str) or not re.search(r"(cpu|gpu|tpu):\d+$", d.lower())
+    ]
     if bad:
-        raise ValueError(
-            f"devices {bad!r} are not device strings like '/gpu:0' or '/cpu:1'.")
+        raise ValueError(f"devices {bad!r} are not device strings like '/gpu:0' or '/cpu:1'.")
     if len(set(d.lower() for d in devices)) != len(devices):
         raise ValueError(f"devices={list(devices)!r} names a device twice.")
     return list(devices)
@@ -407,7 +436,8 @@ def _build_one_device(*, devices, found, **_):
     if devices is not None and len(devices) != 1:
         raise ValueError(
             f"one_device takes exactly one device. Received: devices={devices!r}. HINT: use "
-            "'mirrored' for several devices.")
+            "'mirrored' for several devices."
+        )
     return tf.distribute.OneDeviceStrategy((devices or found)[0])
 
 
@@ -416,30 +446,44 @@ def _build_mirrored(*, devices, found, communication, cross_device_ops=None, **_
 
     if cross_device_ops is not None and communication != "auto":
         raise ValueError(
-            f"Pass either communication={communication!r} or cross_device_ops=, not both.")
+            f"Pass either communication={communication!r} or cross_device_ops=, not both."
+        )
     if cross_device_ops is None:
         cross_device_ops = mirrored_cross_device_ops(communication, found)
-    return tf.distribute.MirroredStrategy(devices=devices or found,
-                                          cross_device_ops=cross_device_ops)
+    return tf.distribute.MirroredStrategy(
+        devices=devices or found, cross_device_ops=cross_device_ops
+    )
 
 
-def _build_multi_worker(*, cluster, found, communication, communication_options=None,
-                        bytes_per_pack=0, timeout_seconds=None, startup_timeout=None, **_):
+def _build_multi_worker(
+    *,
+    cluster,
+    found,
+    communication,
+    communication_options=None,
+    bytes_per_pack=0,
+    timeout_seconds=None,
+    startup_timeout=None,
+    **_,
+):
     import tensorflow as tf
 
     if communication_options is not None:
         if communication != "auto" or bytes_per_pack or timeout_seconds is not None:
             raise ValueError(
                 "Pass either communication_options= or communication= / bytes_per_pack= / "
-                "timeout_seconds=, not both.")
+                "timeout_seconds=, not both."
+            )
         if not isinstance(communication_options, tf.distribute.experimental.CommunicationOptions):
             raise TypeError(
                 "communication_options must be a tf.distribute.experimental.CommunicationOptions."
-                f" Received: {communication_options!r}.")
+                f" Received: {communication_options!r}."
+            )
         options = communication_options
     else:
-        options = collective_options(communication, found, bytes_per_pack=bytes_per_pack,
-                                     timeout_seconds=timeout_seconds)
+        options = collective_options(
+            communication, found, bytes_per_pack=bytes_per_pack, timeout_seconds=timeout_seconds
+        )
     if cluster.is_single_process or cluster.num_workers == 1:
         key = ("local",)
         resolver = None if cluster.is_single_process else cluster.resolver()
@@ -453,19 +497,22 @@ def _build_multi_worker(*, cluster, found, communication, communication_options=
             raise RuntimeError(
                 "This process already built a multi_worker_mirrored strategy for another "
                 "cluster or communication; TensorFlow configures collectives once per process. "
-                "HINT: build one strategy and reuse it, or start a new process.")
+                "HINT: build one strategy and reuse it, or start a new process."
+            )
         if resolver is not None and runtime_initialized():
             raise RuntimeError(
                 "multi_worker_mirrored must be built before TensorFlow initialises (it "
                 "configures collective ops at program startup), but an op, device query or "
                 "another strategy already ran in this process. HINT: call "
                 "tfdist.make_strategy() first thing, before creating tensors, models or "
-                "datasets.")
+                "datasets."
+            )
         if resolver is not None:
             _configure_coordination(cluster, startup_timeout)
         try:
             strategy = tf.distribute.MultiWorkerMirroredStrategy(
-                cluster_resolver=resolver, communication_options=options)
+                cluster_resolver=resolver, communication_options=options
+            )
         except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as err:
             raise RuntimeError(_startup_failure(cluster, err)) from err
         _MWMS_CACHE[key] = strategy
@@ -483,12 +530,17 @@ def _configure_coordination(cluster: ClusterSpec, startup_timeout) -> None:
     MultiWorkerMirroredStrategy configures the same service itself, but with no limit on how
     long it waits for a peer that never joins. tfdist configures it first, bounded.
     """
-    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tfdist.fixes.tensorflow import COORDINATION_CONFIG
+
+    coordination_config_pb2 = COORDINATION_CONFIG.get()
 
     if startup_timeout is None:
         startup_timeout = _env_number("TFDIST_STARTUP_TIMEOUT", DEFAULT_STARTUP_TIMEOUT)
-    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=len(addresses))
-            for job, addresses in cluster.cluster.items() if job in ("chief", "worker")]
+    jobs = [
+        coordination_config_pb2.CoordinatedJob(name=job, num_tasks=len(addresses))
+        for job, addresses in cluster.cluster.items()
+        if job in ("chief", "worker")
+    ]
     leader_job = "chief" if cluster.has_chief else "worker"
     _context().configure_coordination_service(
         service_type="standalone",
@@ -511,58 +563,80 @@ def _startup_failure(cluster: ClusterSpec, err: Exception) -> str:
     )
 
 
-def _partitioner(variable_partitioner, num_ps: int, min_shard_bytes=None, max_shard_bytes=None,
-                 max_shards=None):
+def _partitioner(
+    variable_partitioner, num_ps: int, min_shard_bytes=None, max_shard_bytes=None, max_shards=None
+):
     import tensorflow as tf
 
     partitioners = tf.distribute.experimental.partitioners
-    sizes = {"min_shard_bytes": min_shard_bytes, "max_shard_bytes": max_shard_bytes,
-             "max_shards": max_shards}
+    sizes = {
+        "min_shard_bytes": min_shard_bytes,
+        "max_shard_bytes": max_shard_bytes,
+        "max_shards": max_shards,
+    }
     if not isinstance(variable_partitioner, str):
         given = sorted(k for k, v in sizes.items() if v is not None)
         if given:
             raise ValueError(
                 f"{', '.join(given)} go(es) with variable_partitioner='min_size', 'max_size' "
-                "or 'fixed', not with a partitioner object.")
+                "or 'fixed', not with a partitioner object."
+            )
         return variable_partitioner
     shards = num_ps if max_shards is None else max_shards
     table: Dict[str, Callable] = {
         "min_size": lambda: partitioners.MinSizePartitioner(
             min_shard_bytes=256 << 10 if min_shard_bytes is None else min_shard_bytes,
-            max_shards=shards),
+            max_shards=shards,
+        ),
         "max_size": lambda: partitioners.MaxSizePartitioner(
             max_shard_bytes=256 << 10 if max_shard_bytes is None else max_shard_bytes,
-            max_shards=max_shards),
+            max_shards=max_shards,
+        ),
         "fixed": lambda: partitioners.FixedShardsPartitioner(num_shards=shards),
     }
     if variable_partitioner not in table:
         raise ValueError(
             f"variable_partitioner={variable_partitioner!r} is not known. Choose one of: "
-            f"{', '.join(table)}, or pass a tf.distribute.experimental.partitioners object.")
+            f"{', '.join(table)}, or pass a tf.distribute.experimental.partitioners object."
+        )
     return table[variable_partitioner]()
 
 
-def _build_parameter_server(*, cluster, communication, variable_partitioner=None,
-                            min_shard_bytes=None, max_shard_bytes=None, max_shards=None, **_):
+def _build_parameter_server(
+    *,
+    cluster,
+    communication,
+    variable_partitioner=None,
+    min_shard_bytes=None,
+    max_shard_bytes=None,
+    max_shards=None,
+    **_,
+):
     import tensorflow as tf
 
     if communication != "auto":
         raise ValueError(
             f"communication={communication!r} is not valid for strategy 'parameter_server' "
-            "(variables live on the ps tasks; there is no all-reduce). Choose: auto.")
+            "(variables live on the ps tasks; there is no all-reduce). Choose: auto."
+        )
     if cluster.task_type in ("worker", "ps") and cluster.has_chief:
         # In a parameter-server job only the chief runs the training code; worker and ps tasks
         # serve. Serving here lets one script run unchanged in every role (a Kubernetes TFJob
         # starts the same command in each replica).
-        log.info("tfdist: task %s of a parameter-server job serves until the job ends.",
-                 cluster.task)
+        log.info(
+            "tfdist: task %s of a parameter-server job serves until the job ends.", cluster.task
+        )
         serve(cluster)
-    partitioner = _partitioner(variable_partitioner, cluster.num_ps, min_shard_bytes,
-                               max_shard_bytes, max_shards)
+    partitioner = _partitioner(
+        variable_partitioner, cluster.num_ps, min_shard_bytes, max_shard_bytes, max_shards
+    )
     spec = cluster.to_tf()
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        spec, task_type="chief" if cluster.has_chief else None,
-        task_id=0 if cluster.has_chief else None, rpc_layer="grpc")
+        spec,
+        task_type="chief" if cluster.has_chief else None,
+        task_id=0 if cluster.has_chief else None,
+        rpc_layer="grpc",
+    )
     return tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
 
 
@@ -606,8 +680,12 @@ def start_local_servers(cluster: ClusterSpec, tasks: Optional[Sequence[tuple]] =
         tasks = [(job, i) for job, i in cluster.tasks if job in ("worker", "ps")]
     config = server_config(cluster.num_workers)
     spec = cluster.to_tf()
-    return [tf.distribute.Server(spec, job_name=job, task_index=index, protocol="grpc",
-                                 config=config, start=True) for job, index in tasks]
+    return [
+        tf.distribute.Server(
+            spec, job_name=job, task_index=index, protocol="grpc", config=config, start=True
+        )
+        for job, index in tasks
+    ]
 
 
 def serve(cluster: Optional[ClusterSpec] = None) -> None:
@@ -621,7 +699,8 @@ def serve(cluster: Optional[ClusterSpec] = None) -> None:
     if cluster.task_type not in ("worker", "ps") or not cluster.num_ps:
         raise ClusterConfigError(
             f"serve() runs the worker and ps tasks of a parameter-server job; this task is "
-            f"{cluster.task!r} of {cluster!r}.")
+            f"{cluster.task!r} of {cluster!r}."
+        )
     server = start_local_servers(cluster, [(cluster.task_type, cluster.task_index)])[0]
     server.join()
 
@@ -642,8 +721,11 @@ def exit_barrier(timeout: float = 120.0) -> None:
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
     for key, strategy in list(_MWMS_CACHE.items()):
         if key != ("local",):
-            strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.SUM, tf.constant(1.0), options=options))
+            strategy.run(
+                lambda: tf.distribute.get_replica_context().all_reduce(
+                    tf.distribute.ReduceOp.SUM, tf.constant(1.0), options=options
+                )
+            )
 
 
 _DYING = []

@@ -68,9 +68,18 @@ def is_running(pid: int) -> bool:
         return True
 
 
-def run_cluster(fn: Callable, *, workers: int = 2, ps: int = 0, chief: bool = False,
-                args: Sequence = (), kwargs: Optional[Mapping] = None, timeout: float = 180.0,
-                env: Optional[Mapping[str, str]] = None, check: bool = True) -> Dict[str, TaskRun]:
+def run_cluster(
+    fn: Callable,
+    *,
+    workers: int = 2,
+    ps: int = 0,
+    chief: bool = False,
+    args: Sequence = (),
+    kwargs: Optional[Mapping] = None,
+    timeout: float = 180.0,
+    env: Optional[Mapping[str, str]] = None,
+    check: bool = True,
+) -> Dict[str, TaskRun]:
     """Runs `fn(*args, **kwargs)` in every training task of a local multi-process cluster.
 
     Each task is a fresh Python process with its own TF_CONFIG on free loopback ports. In a
@@ -112,8 +121,15 @@ def run_cluster(fn: Callable, *, workers: int = 2, ps: int = 0, chief: bool = Fa
         paths += [p for p in sys.path if p and os.path.isdir(p)]
         extra = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
         extra.update(env or {})
-        plans = plan_job("tfdist._run", [module, qualname, source, call_file, tmp],
-                         workers=workers, ps=ps, chief=chief, module=True, extra_env=extra)
+        plans = plan_job(
+            "tfdist._run",
+            [module, qualname, source, call_file, tmp],
+            workers=workers,
+            ps=ps,
+            chief=chief,
+            module=True,
+            extra_env=extra,
+        )
         result = run_job(plans, timeout=timeout, quiet=True, grace=3.0)
         runs = {name: _task_run(name, r, tmp) for name, r in result.tasks.items()}
     if check and not result.ok:
@@ -125,7 +141,8 @@ def _reference(fn: Callable):
     if not callable(fn) or "<locals>" in getattr(fn, "__qualname__", "<locals>"):
         raise TypeError(
             f"run_cluster needs a module-level function that child processes can import. "
-            f"Received: {fn!r}. HINT: define it at the top level of the test module.")
+            f"Received: {fn!r}. HINT: define it at the top level of the test module."
+        )
     source = inspect.getsourcefile(fn) or ""
     module = fn.__module__
     if module == "__main__":
@@ -147,13 +164,18 @@ def _task_run(name: str, result, tmp: str) -> TaskRun:
 
 
 def _report(fn, result: JobResult, runs: Dict[str, TaskRun], timeout: float) -> str:
-    head = {"timeout": f"timed out after {timeout:g} s", "failed": "failed",
-            "interrupted": "was interrupted"}.get(result.reason, result.reason)
+    head = {
+        "timeout": f"timed out after {timeout:g} s",
+        "failed": "failed",
+        "interrupted": "was interrupted",
+    }.get(result.reason, result.reason)
     lines = [f"run_cluster({fn.__qualname__}) {head}."]
     for name, run in runs.items():
         tail = "\n    ".join(run.output.splitlines()[-40:])
-        lines.append(f"--- {name}: exit code {run.returncode}"
-                     f"{', ' + run.error if run.error else ''}\n    {tail}")
+        lines.append(
+            f"--- {name}: exit code {run.returncode}"
+            f"{', ' + run.error if run.error else ''}\n    {tail}"
+        )
     return "\n".join(lines)
 
 
@@ -161,15 +183,21 @@ def _report(fn, result: JobResult, runs: Dict[str, TaskRun], timeout: float) -> 
 
 
 def pytest_addoption(parser):
-    parser.addini("tfdist_virtual_cpus", "logical CPUs made by the virtual_cpus fixture",
-                  default="2")
-    parser.addini("tfdist_env_guard", "fail tests that leak TF_CONFIG / TFDIST_* variables",
-                  type="bool", default=False)
+    parser.addini(
+        "tfdist_virtual_cpus", "logical CPUs made by the virtual_cpus fixture", default="2"
+    )
+    parser.addini(
+        "tfdist_env_guard",
+        "fail tests that leak TF_CONFIG / TFDIST_* variables",
+        type="bool",
+        default=False,
+    )
 
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "requires_gpu(n=1): skip unless this host has at least n GPUs")
+        "markers", "requires_gpu(n=1): skip unless this host has at least n GPUs"
+    )
 
 
 def pytest_runtest_setup(item):
@@ -205,8 +233,7 @@ def run_cluster_fixture():
 
 
 def _guarded(environ) -> dict:
-    return {k: v for k, v in environ.items()
-            if k in GUARDED_VARIABLES or k.startswith("TFDIST_")}
+    return {k: v for k, v in environ.items() if k in GUARDED_VARIABLES or k.startswith("TFDIST_")}
 
 
 @pytest.fixture(autouse=True)
@@ -224,5 +251,7 @@ def _tfdist_env_guard(request):
                 os.environ[key] = before[key]
             else:
                 os.environ.pop(key, None)
-        pytest.fail(f"The test changed environment variable(s) {leaked} and did not restore "
-                    "them. HINT: use monkeypatch.setenv, or pass env= mappings.")
+        pytest.fail(
+            f"The test changed environment variable(s) {leaked} and did not restore "
+            "them. HINT: use monkeypatch.setenv, or pass env= mappings."
+        )

@@ -31,25 +31,39 @@ def _build(build_model: Callable, strategy):
         raise TypeError(
             f"build_model must be a callable that returns a compiled Keras model (tfdist calls "
             f"it inside strategy.scope()). Received: {build_model!r}. HINT: pass the function, "
-            "not the model: tfdist.fit(build_model, ...), not tfdist.fit(build_model(), ...).")
+            "not the model: tfdist.fit(build_model, ...), not tfdist.fit(build_model(), ...)."
+        )
     with strategy.scope():
         model = build_model()
     if not hasattr(model, "fit") or not hasattr(model, "compile"):
         raise TypeError(
             f"build_model() must return a Keras model. It returned: {model!r} (of type "
-            f"{type(model).__name__}).")
+            f"{type(model).__name__})."
+        )
     if not getattr(model, "compiled", getattr(model, "_is_compiled", False)):
         raise ValueError(
             "build_model() returned a model that is not compiled. HINT: call model.compile(...) "
             "inside build_model, so that the optimizer and metrics are created in the strategy's "
-            "scope.")
+            "scope."
+        )
     return model
 
 
-def fit(build_model: Callable, data: Any, *, strategy=None, epochs: int = 1,
-        steps_per_epoch: Optional[int] = None, global_batch_size: Optional[int] = None,
-        validation_data: Any = None, validation_steps: Optional[int] = None,
-        callbacks=None, verbose="auto", shuffle: bool = False, seed: Optional[int] = None):
+def fit(
+    build_model: Callable,
+    data: Any,
+    *,
+    strategy=None,
+    epochs: int = 1,
+    steps_per_epoch: Optional[int] = None,
+    global_batch_size: Optional[int] = None,
+    validation_data: Any = None,
+    validation_steps: Optional[int] = None,
+    callbacks=None,
+    verbose="auto",
+    shuffle: bool = False,
+    seed: Optional[int] = None,
+):
     """Builds, compiles and trains a Keras model on any tfdist strategy.
 
     Args:
@@ -101,7 +115,9 @@ def fit(build_model: Callable, data: Any, *, strategy=None, epochs: int = 1,
     verbose = _chief_verbose(verbose)
     if _is_parameter_server(strategy):
         from tfdist import _coordinator
+        from tfdist.fixes import apply_fixes
 
+        apply_fixes()  # also for a strategy that tfdist did not make
         if steps_per_epoch is None:
             steps_per_epoch = data_lib.steps_per_pass(data, global_batch_size)
         if steps_per_epoch is None:
@@ -109,22 +125,35 @@ def fit(build_model: Callable, data: Any, *, strategy=None, epochs: int = 1,
                 "steps_per_epoch is required on parameter_server for data of unknown length "
                 "(a dataset function, an infinite dataset): each worker reads its own "
                 "repeated input, so an epoch has no natural end. HINT: steps_per_epoch = "
-                "number of examples // global_batch_size.")
-        dataset_fn = data_lib.dataset_fn_for(data, global_batch_size, shuffle=shuffle,
-                                             seed=seed, repeat=True)
-        validation_fn = None if validation_data is None else data_lib.dataset_fn_for(
-            validation_data, global_batch_size, repeat=True)
+                "number of examples // global_batch_size."
+            )
+        dataset_fn = data_lib.dataset_fn_for(
+            data, global_batch_size, shuffle=shuffle, seed=seed, repeat=True
+        )
+        validation_fn = (
+            None
+            if validation_data is None
+            else data_lib.dataset_fn_for(validation_data, global_batch_size, repeat=True)
+        )
         if validation_data is not None and validation_steps is None:
             validation_steps = data_lib.steps_per_pass(validation_data, global_batch_size)
             if validation_steps is None:
                 raise ValueError(
                     "validation_steps is required on parameter_server for validation_data of "
                     "unknown length. HINT: validation_steps = number of validation examples "
-                    "// global_batch_size.")
+                    "// global_batch_size."
+                )
         history = _coordinator.fit_parameter_server(
-            model, strategy, dataset_fn, epochs=epochs, steps_per_epoch=steps_per_epoch,
-            callbacks=callbacks, verbose=verbose, validation_dataset_fn=validation_fn,
-            validation_steps=validation_steps)
+            model,
+            strategy,
+            dataset_fn,
+            epochs=epochs,
+            steps_per_epoch=steps_per_epoch,
+            callbacks=callbacks,
+            verbose=verbose,
+            validation_dataset_fn=validation_fn,
+            validation_steps=validation_steps,
+        )
     else:
         # An epoch: one pass over data of known size, or steps_per_epoch steps of it repeated
         # (a pass may end inside an epoch; nothing runs out). tf_keras needs the step counts
@@ -134,24 +163,43 @@ def fit(build_model: Callable, data: Any, *, strategy=None, epochs: int = 1,
         if steps_per_epoch is None and legacy:
             steps_per_epoch = one_pass
         repeat = steps_per_epoch is not None and one_pass is not None
-        dataset = data_lib.distribute_dataset(data, strategy, global_batch_size,
-                                              shuffle=shuffle, seed=seed, repeat=repeat)
-        validation = None if validation_data is None else data_lib.distribute_dataset(
-            validation_data, strategy, global_batch_size)
+        dataset = data_lib.distribute_dataset(
+            data, strategy, global_batch_size, shuffle=shuffle, seed=seed, repeat=repeat
+        )
+        validation = (
+            None
+            if validation_data is None
+            else data_lib.distribute_dataset(validation_data, strategy, global_batch_size)
+        )
         if validation is not None and validation_steps is None and legacy:
             validation_steps = data_lib.steps_per_pass(validation_data, global_batch_size)
         # shuffle=False: `dataset` is already shuffled as asked (Keras 3 warns that it
         # ignores its default shuffle=True for a dataset)
-        history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                            validation_data=validation, validation_steps=validation_steps,
-                            callbacks=callbacks, verbose=verbose, shuffle=False)
+        history = model.fit(
+            dataset,
+            epochs=epochs,
+            steps_per_epoch=steps_per_epoch,
+            validation_data=validation,
+            validation_steps=validation_steps,
+            callbacks=callbacks,
+            verbose=verbose,
+            shuffle=False,
+        )
     if getattr(history, "model", None) is not model:
         history.set_model(model)  # Keras 3's History.model is a read-only property
     return history
 
 
-def evaluate(model, data: Any, *, strategy=None, steps: Optional[int] = None,
-             global_batch_size: Optional[int] = None, verbose="auto", return_dict: bool = True):
+def evaluate(
+    model,
+    data: Any,
+    *,
+    strategy=None,
+    steps: Optional[int] = None,
+    global_batch_size: Optional[int] = None,
+    verbose="auto",
+    return_dict: bool = True,
+):
     """Evaluates a model built by `tfdist.fit` (or in a strategy's scope) on any strategy.
 
     Args:
@@ -170,16 +218,20 @@ def evaluate(model, data: Any, *, strategy=None, steps: Optional[int] = None,
     verbose = _chief_verbose(verbose)
     if _is_parameter_server(strategy):
         from tfdist import _coordinator
+        from tfdist.fixes import apply_fixes
 
+        apply_fixes()  # also for a strategy that tfdist did not make
         if steps is None:
             steps = data_lib.steps_per_pass(data, global_batch_size)
         if steps is None:
             raise ValueError(
                 "steps is required to evaluate on parameter_server for data of unknown "
-                "length. HINT: steps = number of examples // global_batch_size.")
+                "length. HINT: steps = number of examples // global_batch_size."
+            )
         dataset_fn = data_lib.dataset_fn_for(data, global_batch_size, repeat=True)
         return _coordinator.evaluate_parameter_server(
-            model, strategy, dataset_fn, steps=steps, verbose=verbose, return_dict=return_dict)
+            model, strategy, dataset_fn, steps=steps, verbose=verbose, return_dict=return_dict
+        )
     dataset = data_lib.distribute_dataset(data, strategy, global_batch_size)
     if steps is None and _compat.uses_legacy_keras():  # tf_keras needs it for this dataset
         steps = data_lib.steps_per_pass(data, global_batch_size)

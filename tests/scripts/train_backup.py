@@ -30,8 +30,9 @@ def main(directory, kill_in_epoch=None):
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
     keras.utils.set_random_seed(1)
     with strategy.scope():
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
-                                  keras.layers.Dense(1)])
+        model = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)]
+        )
         model.compile(optimizer=keras.optimizers.SGD(0.02), loss="mse")
     marker = os.path.join(directory, "killed-once")
 
@@ -40,8 +41,13 @@ def main(directory, kill_in_epoch=None):
             self.epoch = epoch
 
         def on_train_batch_end(self, batch, logs=None):
-            if (kill_in_epoch is not None and spec.task_index == 1 and batch == 5
-                    and self.epoch == kill_in_epoch - 1 and not os.path.exists(marker)):
+            if (
+                kill_in_epoch is not None
+                and spec.task_index == 1
+                and batch == 5
+                and self.epoch == kill_in_epoch - 1
+                and not os.path.exists(marker)
+            ):
                 open(marker, "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)
 
@@ -50,13 +56,20 @@ def main(directory, kill_in_epoch=None):
                 with open(os.path.join(directory, "epochs.log"), "a") as f:
                     f.write(f"{epoch} {logs['loss']:.6f}\n")
 
-    model.fit(data, epochs=3, verbose=0, callbacks=[
-        keras.callbacks.BackupAndRestore(os.path.join(directory, "backup")), Chaos()])
+    model.fit(
+        data,
+        epochs=3,
+        verbose=0,
+        callbacks=[keras.callbacks.BackupAndRestore(os.path.join(directory, "backup")), Chaos()],
+    )
     if spec.is_chief:
         np.savez(os.path.join(directory, "final.npz"), *model.get_weights())
 
 
 if __name__ == "__main__":
-    kill = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[2] == "--kill-worker-1-in-epoch" \
+    kill = (
+        int(sys.argv[3])
+        if len(sys.argv) > 3 and sys.argv[2] == "--kill-worker-1-in-epoch"
         else None
+    )
     main(sys.argv[1], kill)

@@ -1,0 +1,24 @@
+"""Fixes of Keras 3 and TensorFlow internals under tf.distribute, as checked records.
+
+One module per area: `replicas` (mirrored and every strategy), `multi_worker`, `callbacks`,
+`parameter_server`, and `tensorflow` (TensorFlow internals tfdist reads). `record` says what a
+fix is; `registry` holds them all and applies them. `tfdist.make_strategy` calls
+`apply_fixes()`; users call nothing else.
+"""
+
+from tfdist.fixes.record import CompatibilityWarning, Fix, FixStatus, Internal, Target
+from tfdist.fixes.registry import FIXES, applied, apply_fixes, fixes_enabled, report, turned_off
+
+__all__ = [
+    "FIXES",
+    "CompatibilityWarning",
+    "Fix",
+    "FixStatus",
+    "Internal",
+    "Target",
+    "applied",
+    "apply_fixes",
+    "fixes_enabled",
+    "report",
+    "turned_off",
+]

@@ -1,0 +1,340 @@
+"""Fixes for parameter_server under Keras 3, which has no parameter-server support of its own.
+
+Atomic assign_add on the ps, model.fit / evaluate / predict through tfdist's coordinator loop,
+sharded variables trained shard by shard and checkpointed whole (keras-team/keras#18624).
+
+Nothing here imports TensorFlow or Keras at import time. May import: tfdist.fixes.record,
+tfdist.fixes.replicas (the trainer module), and tfdist._coordinator (when fit is called).
+"""
+
+import functools
+
+from tfdist.fixes.record import Fix, Target
+from tfdist.fixes.replicas import _tf_trainer
+
+
+def _ps_value_types() -> tuple:
+    """The tf.Variable types a Keras variable wraps when it lives on a parameter server."""
+    import tensorflow as tf
+    from tensorflow.python.distribute import ps_values
+
+    return (
+        ps_values.CachingVariable,
+        ps_values.AggregatingVariable,
+        tf.__internal__.distribute.ShardedVariable,
+    )
+
+
+PS_ATOMIC_ASSIGN_ADD = Fix(
+    name="parameter_server_atomic_assign_add",
+    summary=(
+        "Variable.assign_add is a read, an add on the worker and an assign back, so concurrent "
+        "workers lose updates."
+    ),
+    upstream="keras-team/keras#18624",
+    strategies=("parameter_server",),
+    consequence=(
+        "optimizer.iterations, learning-rate schedules and metric totals come out short with "
+        "several parameter-server workers."
+    ),
+)
+
+
+@PS_ATOMIC_ASSIGN_ADD.variant(
+    "3.3",
+    targets=[
+        Target("keras.src.backend.tensorflow.core:Variable.assign_add", ("self", "value")),
+        Target("keras.src.backend.tensorflow.core:Variable.assign_sub", ("self", "value")),
+        "keras.src.backend.common.stateless_scope:in_stateless_scope",
+    ],
+)
+def _fix_ps_assign_add():
+    # The root cause of "optimizer.iterations ends short" under ParameterServerStrategy with a
+    # ClusterCoordinator (keras-team/keras#18624: Keras 3 has no ps support): Keras 3's
+    # Variable.assign_add / assign_sub (keras/src/backend/common/variables.py) are
+    # `self.assign(self + value)`, a read on the ps, an add on the worker, then a plain assign
+    # back. Two workers doing that at once lose one update. It hits optimizer.iterations
+    # (BaseOptimizer.apply) and every metric total/count (reduction_metrics.Reduce), so step
+    # counts, learning-rate schedules and the global metrics all come out short. The fix sends
+    # the update to the wrapped tf.Variable's assign_add (one AssignAddVariableOp on the ps,
+    # atomic under the variable's lock). Only for variables that live on a ps.
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+    from keras.src.backend.tensorflow.core import Variable
+
+    ps_types = _ps_value_types()
+    original_add, original_sub = Variable.assign_add, Variable.assign_sub
+
+    def on_ps(variable) -> bool:
+        return isinstance(variable._value, ps_types) and not in_stateless_scope()
+
+    def _cast(variable, value):
+        import tensorflow as tf
+
+        return tf.cast(
+            variable._convert_to_tensor(value, dtype=variable._dtype), variable._value.dtype
+        )
+
+    def assign_add(self, value):
+        if not on_ps(self):
+            return original_add(self, value)
+        return self._value.assign_add(_cast(self, value))
+
+    def assign_sub(self, value):
+        if not on_ps(self):
+            return original_sub(self, value)
+        return self._value.assign_sub(_cast(self, value))
+
+    Variable.assign_add, Variable.assign_sub = assign_add, assign_sub
+
+
+PS_FIT_EVALUATE_PREDICT = Fix(
+    name="parameter_server_fit_evaluate_predict",
+    summary="Keras 3's fit, evaluate and predict have no ParameterServerStrategy support.",
+    upstream="keras-team/keras#18624",
+    strategies=("parameter_server",),
+    consequence=(
+        'model.fit / evaluate / predict of a parameter-server model fail with "To use this '
+        'dataset, you need to pass this dataset to ClusterCoordinator.create_per_worker_dataset" '
+        "(tfdist.fit still works)."
+    ),
+)
+
+
+@PS_FIT_EVALUATE_PREDICT.variant(
+    "3.3",
+    targets=[
+        Target(
+            "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.fit",
+            ("self", "x", "y", "batch_size"),
+        ),
+        Target(
+            "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.evaluate",
+            ("self", "x", "y", "batch_size"),
+        ),
+        Target(
+            "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.predict",
+            ("self", "x", "batch_size"),
+        ),
+    ],
+)
+def _fix_ps_fit_evaluate_predict():
+    # keras-team/keras#18624: Keras 3's fit / evaluate / predict have no ParameterServerStrategy
+    # support. A model built in a ps strategy's scope fails on its first batch with "To use
+    # this dataset, you need to pass this dataset to
+    # ClusterCoordinator.create_per_worker_dataset" (tf_keras trains it natively). The fix
+    # sends fit and evaluate of such a model to tfdist's ClusterCoordinator loop
+    # (tfdist._coordinator.keras_fit / keras_evaluate, Keras' own arguments), and runs
+    # predict on the coordinator itself, outside the strategy (each batch reads the variables
+    # from the ps tasks), as tf_keras does for predict. Other strategies: unchanged.
+    import inspect
+
+    import tensorflow as tf
+    from tensorflow.python.distribute import distribute_lib
+
+    cls = _tf_trainer().TensorFlowTrainer
+    original = {name: getattr(cls, name) for name in ("fit", "evaluate", "predict")}
+
+    def on_ps(model) -> bool:
+        return isinstance(
+            getattr(model, "_distribute_strategy", None), tf.distribute.ParameterServerStrategy
+        )
+
+    def routed(name, to):
+        signature = inspect.signature(original[name])
+
+        @functools.wraps(original[name])
+        def method(self, *args, **kwargs):
+            if not on_ps(self):
+                return original[name](self, *args, **kwargs)
+            self._assert_compile_called(name)
+            arguments = signature.bind(self, *args, **kwargs).arguments
+            del arguments["self"]
+            arguments.update(arguments.pop("kwargs", {}))
+            from tfdist import _coordinator
+
+            return getattr(_coordinator, to)(self, **arguments)
+
+        return method
+
+    @functools.wraps(original["predict"])
+    def predict(self, *args, **kwargs):
+        if not on_ps(self):
+            return original["predict"](self, *args, **kwargs)
+        if tf.distribute.has_strategy():
+            raise RuntimeError(
+                "model.predict of a parameter-server model runs on the coordinator, outside "
+                "the strategy, but was called inside `strategy.scope()`. HINT: call it after "
+                "the `with strategy.scope():` block."
+            )
+        strategy, self._distribute_strategy = (
+            self._distribute_strategy,
+            distribute_lib._get_default_strategy(),
+        )
+        try:  # its predict_function, made under the default strategy, is kept for next time
+            return original["predict"](self, *args, **kwargs)
+        finally:
+            self._distribute_strategy = strategy
+
+    cls.fit = routed("fit", "keras_fit")
+    cls.evaluate = routed("evaluate", "keras_evaluate")
+    cls.predict = predict
+
+
+def _shards_of(variable) -> list:
+    """One Keras variable per shard of a Keras variable that wraps a ShardedVariable.
+
+    Made once and kept on the variable, so the optimizer sees the same objects every time. Each
+    wraps the existing shard (no tf.Variable is made, nothing moves), so making them is allowed
+    where Keras forbids new state (a stateless scope, as in Keras' symbolic build).
+    """
+    shards = variable.__dict__.get("_tfdist_shards")
+    if shards is None:
+        from keras.src import backend
+        from keras.src.backend.common import global_state
+
+        scope = global_state.get_global_attribute("stateless_scope")
+        global_state.set_global_attribute("stateless_scope", None)
+        try:
+            shards = [
+                backend.Variable(
+                    initializer=shard,
+                    trainable=variable.trainable,
+                    name=f"{variable.name}_shard_{i}",
+                )
+                for i, shard in enumerate(variable._value.variables)
+            ]
+        finally:
+            global_state.set_global_attribute("stateless_scope", scope)
+        for shard in shards:
+            # Elementwise regularizers (l1, l2) and constraints add up / apply per shard.
+            shard.regularizer, shard.constraint = variable.regularizer, variable.constraint
+            shard._tfdist_sharded_parent = variable
+        variable._tfdist_shards = shards
+    return shards
+
+
+PS_SHARDED_TRAINABLE = Fix(
+    name="parameter_server_sharded_trainable_variables",
+    summary=(
+        "A weight sharded by a variable_partitioner is one Keras variable, which the tape and the"
+        " optimizer cannot train."
+    ),
+    upstream="keras-team/keras#18624",
+    strategies=("parameter_server",),
+    consequence=(
+        "training a model with a sharded weight fails with \"'ShardedVariable' object has no "
+        "attribute 'handle'\"."
+    ),
+)
+
+
+@PS_SHARDED_TRAINABLE.variant(
+    "3.3",
+    targets=[
+        "keras.src.layers.layer:Layer.trainable_weights",
+        "keras.src.layers.layer:Layer.trainable_variables",
+        "keras.src.backend.common.global_state:get_global_attribute",
+    ],
+)
+def _fix_ps_sharded_trainable_variables():
+    # With a variable_partitioner, ParameterServerStrategy makes a ShardedVariable for a large
+    # weight (an Embedding table) and Keras 3 wraps it in one Keras variable
+    # (keras/src/backend/tensorflow/core.py: Variable._initialize). Keras 3 knows nothing of
+    # ShardedVariable (keras-team/keras#18624): the forward pass works (the shards are
+    # concatenated), but train_step's tape.gradient asks for `Variable.handle` ->
+    # "'ShardedVariable' object has no attribute 'handle'", and the optimizer would place that
+    # weight's slots next to the ShardedVariable, on the coordinator. The fix is what tf_keras
+    # does: the list the tape and the optimizer train (Layer.trainable_weights and
+    # Layer.trainable_variables, keras/src/layers/layer.py) holds one variable per shard, each
+    # with its slots on its own ps. Layer.weights keeps the logical variable, so weight files and
+    # checkpoints hold the whole table. Only for sharded variables.
+    from keras.src.layers.layer import Layer
+
+    sharded = _ps_value_types()[-1]
+
+    def expanded(prop):
+        def getter(self):
+            variables = prop.fget(self)
+            if not any(isinstance(getattr(v, "_value", None), sharded) for v in variables):
+                return variables
+            out = []
+            for v in variables:
+                if isinstance(getattr(v, "_value", None), sharded):
+                    out.extend(_shards_of(v))
+                else:
+                    out.append(v)
+            return out
+
+        return property(getter, prop.fset, prop.fdel, prop.__doc__)
+
+    Layer.trainable_weights = expanded(Layer.trainable_weights)
+    Layer.trainable_variables = expanded(Layer.trainable_variables)
+
+
+PS_SHARDED_CHECKPOINT = Fix(
+    name="parameter_server_sharded_checkpoint",
+    summary=(
+        "Checkpoints and weight files of a sharded Keras variable fall back to APIs "
+        "ShardedVariable lacks."
+    ),
+    upstream="keras-team/keras#18624",
+    strategies=("parameter_server",),
+    consequence=(
+        "tf.train.Checkpoint / save_weights of a model with a sharded weight fail with "
+        "\"'ShardedVariable' object has no attribute 'device'\" / \"'__array__'\"."
+    ),
+)
+
+
+@PS_SHARDED_CHECKPOINT.variant(
+    "3.3",
+    targets=[
+        Target("keras.src.backend.tensorflow.core:Variable._serialize_to_tensors", ("self",)),
+        Target(
+            "keras.src.backend.tensorflow.core:Variable._restore_from_tensors",
+            ("self", "restored_tensors"),
+        ),
+        "keras.src.backend.tensorflow.core:Variable.__array__",
+    ],
+)
+def _fix_ps_sharded_checkpoint():
+    # tf.train.Checkpoint of a Keras 3 model with a sharded weight fails in
+    # tensorflow/python/checkpoint/functional_saver.py MultiDeviceSaver.__init__ with
+    # "'ShardedVariable' object has no attribute 'device'": Keras 3's
+    # Variable._serialize_to_tensors (keras/src/backend/tensorflow/core.py) falls back to
+    # {"VARIABLE_VALUE": <ShardedVariable>} because ShardedVariable only has the legacy
+    # saveables API. The fix saves the whole logical tensor (the shards concatenated), the same
+    # entry an unsharded variable writes, and restores by assigning it to the ShardedVariable
+    # (which splits it by shard). Checkpoints are then interchangeable between models with any
+    # number of ps tasks, or none. Keras weight files fail the same way (Variable.__array__,
+    # keras/src/backend/common/variables.py: "'ShardedVariable' object has no attribute
+    # '__array__'") and get the same whole tensor. Only for sharded variables.
+    import numpy as np
+    import tensorflow as tf
+    from keras.src.backend.tensorflow.core import Variable
+
+    sharded = _ps_value_types()[-1]
+    original_save, original_restore = Variable._serialize_to_tensors, Variable._restore_from_tensors
+    original_array = Variable.__array__
+
+    def _serialize_to_tensors(self):
+        if isinstance(self._value, sharded):
+            return {"VARIABLE_VALUE": tf.convert_to_tensor(self._value)}
+        return original_save(self)
+
+    def _restore_from_tensors(self, restored_tensors):
+        if isinstance(self._value, sharded):
+            return self._value.assign(restored_tensors["VARIABLE_VALUE"])
+        return original_restore(self, restored_tensors)
+
+    def __array__(self, dtype=None):  # Keras weight files (.weights.h5, .keras) read this
+        if isinstance(self._value, sharded):
+            return np.asarray(tf.convert_to_tensor(self._value).numpy(), dtype=dtype)
+        return original_array(self, dtype)
+
+    Variable._serialize_to_tensors = _serialize_to_tensors
+    Variable._restore_from_tensors = _restore_from_tensors
+    Variable.__array__ = __array__
+
+
+FIXES = (PS_ATOMIC_ASSIGN_ADD, PS_FIT_EVALUATE_PREDICT, PS_SHARDED_TRAINABLE, PS_SHARDED_CHECKPOINT)

@@ -1,0 +1,145 @@
+"""Every fix record, in the order it is applied, and applying them: checked, once, never raising.
+
+`apply_fixes()` is called by `tfdist.make_strategy`; users call nothing else. For each fix it
+picks the variant for the installed Keras, checks its targets, and applies it. A fix whose
+targets are missing or changed is skipped with one `CompatibilityWarning` that names the fix,
+the Keras release and what then behaves as upstream. `report()` gives each fix's state without
+applying anything, for `tfdist env` and `tfdist doctor`.
+
+Opt out: TFDIST_KERAS_FIXES=0 (all), or a comma list of "-name" to skip single fixes.
+
+May import: tfdist._compat, tfdist.releases, tfdist.fixes.* (the area modules).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Mapping, Optional
+
+from tfdist import _compat, releases
+from tfdist.fixes import callbacks, multi_worker, parameter_server, replicas, tensorflow
+from tfdist.fixes.record import (
+    APPLIED,
+    APPLIES,
+    NOT_NEEDED,
+    OFF,
+    SKIPPED,
+    CompatibilityWarning,
+    Fix,
+    FixStatus,
+)
+
+FIXES = {
+    fix.name: fix
+    for module in (replicas, multi_worker, callbacks, parameter_server)
+    for fix in module.FIXES
+}
+
+_STATUS: dict = {}  # name -> FixStatus, once a fix was considered in this process
+
+
+def fixes_enabled(env: Optional[Mapping[str, str]] = None) -> bool:
+    env = os.environ if env is None else env
+    return env.get("TFDIST_KERAS_FIXES", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def turned_off(env: Optional[Mapping[str, str]] = None) -> set:
+    """Fixes named "-name" in TFDIST_KERAS_FIXES (e.g. "-no_xla_step_across_replicas")."""
+    env = os.environ if env is None else env
+    names = {
+        part.strip()[1:]
+        for part in env.get("TFDIST_KERAS_FIXES", "").split(",")
+        if part.strip().startswith("-")
+    }
+    unknown = names - set(FIXES)
+    if unknown:
+        raise ValueError(
+            f"TFDIST_KERAS_FIXES names unknown fix(es) {sorted(unknown)}. Known: "
+            f"{', '.join(FIXES)}."
+        )
+    return names
+
+
+def _status(fix: Fix, version, skip: set) -> FixStatus:
+    if _compat.uses_legacy_keras() and fix.library == "keras":
+        return FixStatus(fix.name, NOT_NEEDED, "tf_keras is in use: the bug is Keras 3's")
+    if not fixes_enabled():
+        return FixStatus(fix.name, OFF, "TFDIST_KERAS_FIXES=0")
+    if fix.name in skip:
+        return FixStatus(fix.name, OFF, f"TFDIST_KERAS_FIXES=-{fix.name}")
+    state, reason, _ = fix.check(version)
+    return FixStatus(fix.name, state, reason)
+
+
+def report() -> list:
+    """Each fix's FixStatus in this process: as applied, or as it would be (nothing applied).
+
+    The TensorFlow internals tfdist reads come last, as "found" or "missing".
+    """
+    version = _compat.keras_version_tuple()
+    skip = turned_off()
+    statuses = []
+    for name, fix in FIXES.items():
+        status = _STATUS.get(name) or _status(fix, version, skip)
+        if name not in _STATUS and status.state == APPLIED:  # not yet: make_strategy applies it
+            status = FixStatus(name, APPLIES, status.reason)
+        statuses.append(status)
+    for internal in tensorflow.INTERNALS:
+        problem = internal.problem()
+        state = "missing" if problem else "found"
+        statuses.append(FixStatus(internal.name, state, problem or internal.used_for))
+    return statuses
+
+
+def apply_fixes() -> list:
+    """Applies every fix that this Keras needs and whose targets match, once per process.
+
+    Returns the names of the fixes applied so far. Never raises for a missing or changed
+    target: that fix is skipped with one CompatibilityWarning.
+    """
+    import tensorflow as tf
+
+    releases.warn_if_untested(tf.__version__, _compat.keras_version(), _compat.keras_flavour())
+    version = _compat.keras_version_tuple()
+    skip = turned_off()
+    for name, fix in FIXES.items():
+        if name in _STATUS:
+            continue
+        status = _status(fix, version, skip)
+        if status.state == APPLIED:
+            _, _, variant = fix.check(version)
+            try:
+                variant.apply()
+            except Exception as err:  # an internal of an unforeseen shape: skip, never break
+                status = FixStatus(name, SKIPPED, f"applying failed: {type(err).__name__}: {err}")
+        if status.state == SKIPPED:
+            warnings.warn(
+                f"tfdist skips its fix {name!r} on Keras {_compat.keras_version()}: "
+                f"{status.reason}. Consequence: {fix.consequence} HINT: use a release of the "
+                "tested matrix (`tfdist env`), or report this release as an issue.",
+                CompatibilityWarning,
+                stacklevel=3,
+            )
+        if status.state != OFF:  # a fix turned off by the variable may be turned on later
+            _STATUS[name] = status
+    return sorted(n for n, s in _STATUS.items() if s.state == APPLIED)
+
+
+def applied() -> list:
+    return sorted(n for n, s in _STATUS.items() if s.state == APPLIED)
+
+
+def markdown_table() -> str:
+    """The docs' table of fixes (docs/concepts/strategies.md), made from the records."""
+    lines = [
+        "| fix | strategies | Keras releases | upstream | the bug it removes |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for fix in FIXES.values():
+        strategies = ", ".join(fix.strategies)
+        releases_ = fix.releases + (f" (fixed upstream in {fix.fixed_in})" if fix.fixed_in else "")
+        lines.append(
+            f"| `{fix.name}` | {strategies} | {releases_} | {fix.upstream} | {fix.summary} |"
+        )
+    return "\n".join(lines)
