@@ -19,6 +19,33 @@ def keras():
     return _compat.keras()
 
 
+def fix_state(name: str) -> str:
+    """The state of tfdist's fix `name` on the Keras of this process (applied, not needed...)."""
+    from tfdist import fixes
+
+    return {status.name: status.state for status in fixes.report()}[name]
+
+
+def fails_upstream(result: dict, fix: str, *texts: str) -> None:
+    """Asserts how a scenario behaves without tfdist's fixes (`result`: one run_all entry).
+
+    Where this Keras release needs `fix`, the scenario fails with one of `texts` (the upstream
+    error; its wording differs between releases). Where the fix is "not needed" (the release
+    has no such bug), the scenario passes upstream too: that is the proof it is not needed.
+    """
+    from tfdist.fixes.record import NOT_NEEDED
+
+    where = f"Keras {_compat.keras_version()}"
+    if fix_state(fix) == NOT_NEEDED:
+        assert "ok" in result, (
+            f"{fix} is 'not needed' on {where}, but the scenario fails without it: "
+            f"{result.get('error')}"
+        )
+        return
+    assert "error" in result, f"passed on {where} without tfdist's fix {fix}: {result}"
+    assert any(text in result["error"] for text in texts), result["error"]
+
+
 def tf():
     import tensorflow
 
@@ -41,6 +68,8 @@ def regression_data(n=101, features=4, seed=0):
 def mlp(strategy, features=4, optimizer=None, seed=1, **compile_kwargs):
     """A small regression MLP built and compiled in `strategy`'s scope.
 
+    Its initial weights come from numpy (seeded), not from Keras' initialisers, so they are the
+    same on every Keras release and on tf_keras: results compare across flavours and versions.
     optimizer: a callable() -> optimizer, called inside the scope. Defaults to SGD(0.05).
     """
     k = keras()
@@ -54,6 +83,10 @@ def mlp(strategy, features=4, optimizer=None, seed=1, **compile_kwargs):
             loss="mse",
             metrics=["mae"],
             **compile_kwargs,
+        )
+        rng = np.random.RandomState(seed)
+        model.set_weights(
+            [rng.uniform(-0.6, 0.6, w.shape).astype("float32") for w in model.get_weights()]
         )
     return model
 
@@ -149,8 +182,11 @@ def steps_per_execution(strategy):
             "iterations": int(model.optimizer.iterations.numpy()),
             "evaluate": model.evaluate(x, y, batch_size=10, verbose=0),
         }
+    one_device = mlp(tf().distribute.get_strategy(), steps_per_execution=3)
+    one_device.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0)
     return {
         "iterations": results[3]["iterations"],
+        "one_device_iterations": int(one_device.optimizer.iterations.numpy()),
         "loss": results[3]["loss"],
         "max_weight_difference": max_difference(results[1]["weights"], results[3]["weights"]),
         "max_log_difference": max_difference(
@@ -175,6 +211,7 @@ def gradient_accumulation(strategy):
         }
     return {
         "iterations": results["strategy"]["iterations"],
+        "one_device_iterations": results["one_device"]["iterations"],
         "max_weight_difference": max_difference(
             results["strategy"]["weights"], results["one_device"]["weights"]
         ),

@@ -179,9 +179,18 @@ def _local_batch(name: str, dataset_fn: Callable):
 
 
 def _to_python(logs) -> dict:
-    from keras.src.utils.python_utils import pythonify_logs
-
-    return pythonify_logs(logs if isinstance(logs, dict) else {})
+    """Step logs as Python numbers (nested dicts flattened), as Keras gives them to callbacks."""
+    result = {}
+    for key, value in sorted((logs if isinstance(logs, dict) else {}).items()):
+        if isinstance(value, dict):
+            result.update(_to_python(value))
+            continue
+        try:
+            value = float(value)  # a scalar tensor or number; anything else is kept as it is
+        except (TypeError, ValueError):
+            pass
+        result[key] = value
+    return result
 
 
 def _history(callbacks):

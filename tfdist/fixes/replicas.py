@@ -198,6 +198,213 @@ def _symbolic_build_begin_end_iterator():
     _patch_symbolic_build(lambda epoch: (it for _, _, it in epoch))
 
 
+GRADIENTS_SUMMED = Fix(
+    name="gradients_summed_over_replicas",
+    summary=(
+        "The optimizer sums the gradients over the replicas inside its merge call, where there is "
+        "no replica context, so nothing is summed and each replica applies its own gradient."
+    ),
+    upstream="keras-team/keras#19891 (fixed by keras-team/keras#19969, #20051)",
+    strategies=("mirrored", "multi_worker_mirrored"),
+    consequence=(
+        "under a strategy every replica trains on its own batch only: the replicas' weights "
+        "drift apart and differ from one-device training (no error)."
+    ),
+    fixed_in="3.5",
+)
+
+
+@GRADIENTS_SUMMED.variant(
+    "3.3",
+    targets=[
+        Target(
+            "keras.src.backend.tensorflow.optimizer:TFOptimizer._backend_update_step",
+            ("self", "grads", "trainable_variables", "learning_rate"),
+        ),
+        Target(
+            "keras.src.backend.tensorflow.optimizer:TFOptimizer._distributed_tf_update_step",
+            ("self", "distribution", "grads_and_vars", "learning_rate"),
+        ),
+        Target(
+            "keras.src.backend.tensorflow.optimizer:TFOptimizer._all_reduce_sum_gradients",
+            ("self", "grads_and_vars"),
+        ),
+    ],
+)
+def _fix_gradients_summed():
+    # keras-team/keras#19891. Keras 3.3-3.4's TFOptimizer._backend_update_step hands the
+    # per-replica gradients to maybe_merge_call(_distributed_tf_update_step), which calls
+    # _all_reduce_sum_gradients in cross-replica context: there get_replica_context() is None,
+    # so it returns the gradients unreduced and each replica's copy of a weight is updated with
+    # that replica's own gradient. Keras 3.5 (keras-team/keras#19969, #20051) all-reduces in
+    # replica context, before the merge call, and the update step applies what it is given.
+    # The fix does the same.
+    import tensorflow as tf
+    from keras.src import backend
+    from keras.src.backend.tensorflow import optimizer as tf_optimizer
+
+    cls = tf_optimizer.TFOptimizer
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        variables = [v.value if isinstance(v, backend.Variable) else v for v in trainable_variables]
+        grads_and_vars = self._all_reduce_sum_gradients(list(zip(grads, variables)))
+        tf.__internal__.distribute.interim.maybe_merge_call(
+            self._distributed_tf_update_step,
+            self._distribution_strategy,
+            grads_and_vars,
+            learning_rate,
+        )
+
+    def _distributed_tf_update_step(self, distribution, grads_and_vars, learning_rate):
+        def apply_grad_to_update_var(var, grad, learning_rate):
+            return self.update_step(grad, var, learning_rate)
+
+        for grad, var in grads_and_vars:  # already summed over the replicas
+            distribution.extended.update(
+                var, apply_grad_to_update_var, args=(grad, learning_rate), group=False
+            )
+
+    cls._backend_update_step = _backend_update_step
+    cls._distributed_tf_update_step = _distributed_tf_update_step
+
+
+METRICS_SUMMED = Fix(
+    name="metric_variables_summed_over_replicas",
+    summary=(
+        "Metric totals and counts are plain mirrored variables: each replica adds its own "
+        "batch to its own copy, and the result reads one replica's."
+    ),
+    upstream="keras-team/keras#19891 (the evaluate half; Keras 3.7 maps the aggregation)",
+    strategies=("mirrored", "multi_worker_mirrored"),
+    consequence=(
+        "the loss and metrics that fit and evaluate report under a strategy count one "
+        "replica's examples only (no error; wrong numbers, different on each worker)."
+    ),
+    fixed_in="3.7",
+)
+
+_CORE = "keras.src.backend.tensorflow.core"
+
+
+@METRICS_SUMMED.variant(
+    "3.3", "3.5", targets=[Target(f"{_CORE}:Variable._initialize", ("self", "value"))]
+)
+def _metrics_summed_initialize():
+    _patch_metric_variables(("_initialize",))
+
+
+@METRICS_SUMMED.variant(
+    "3.5",
+    targets=[
+        Target(f"{_CORE}:Variable._initialize", ("self", "value")),
+        Target(f"{_CORE}:Variable._initialize_with_initializer", ("self", "initializer")),
+    ],
+)
+def _metrics_summed_both_initializers():
+    _patch_metric_variables(("_initialize", "_initialize_with_initializer"))
+
+
+def _patch_metric_variables(methods):
+    # keras-team/keras#19891 ("incorrect output from evaluate/fit in distributed context").
+    # Keras before 3.7 creates every variable as a plain tf.Variable: the aggregation a metric
+    # asks for ("sum", keras/src/metrics/metric.py add_variable) never reaches TensorFlow, so
+    # under a strategy a metric's total and count are mirrored variables that each replica
+    # updates alone, and reading them gives one replica's share. tf_keras (and Keras 3.10 on)
+    # make them sync-on-read sums: each replica adds locally, a read sums the replicas. The
+    # fix creates "sum" variables that way under a strategy. Other variables: unchanged.
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import core
+
+    cls = core.Variable
+
+    def make(self, initial_value):
+        self._value = tf.Variable(
+            initial_value,
+            dtype=self._dtype,
+            trainable=self.trainable,
+            name=self.name,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM,
+        )
+
+    def summed(self) -> bool:
+        return getattr(self, "_aggregation", None) == "sum" and tf.distribute.has_strategy()
+
+    original = {name: getattr(cls, name) for name in methods}
+
+    def _initialize(self, value):
+        if not summed(self):
+            return original["_initialize"](self, value)
+        make(self, value)
+
+    def _initialize_with_initializer(self, initializer):
+        if not summed(self):
+            return original["_initialize_with_initializer"](self, initializer)
+        make(self, lambda: initializer(self._shape, dtype=self._dtype))
+
+    cls._initialize = _initialize
+    if "_initialize_with_initializer" in original:
+        cls._initialize_with_initializer = _initialize_with_initializer
+
+
+LOSS_SCALED_FOR_REPLICAS = Fix(
+    name="loss_scaled_for_replicas",
+    summary=(
+        "The training loss is not divided by the number of replicas, whose gradients are then "
+        "summed: training under a strategy differs from one device (N times the step)."
+    ),
+    upstream="keras-team/keras#19891 (fixed by keras-team/keras#20609)",
+    strategies=("mirrored", "multi_worker_mirrored"),
+    consequence=(
+        "model.fit under a strategy with N replicas takes N times the one-device step (no "
+        "error; different, often unstable, training)."
+    ),
+    fixed_in="3.8",
+)
+
+
+@LOSS_SCALED_FOR_REPLICAS.variant(
+    "3.3",
+    targets=[
+        Target(f"{_TRAINER}:TensorFlowTrainer.train_step", ("self", "data")),
+        Target("keras.src.optimizers.base_optimizer:BaseOptimizer.scale_loss", ("self", "loss")),
+    ],
+)
+def _fix_loss_scaled_for_replicas():
+    # keras-team/keras#19891. Before Keras 3.8, TensorFlowTrainer.train_step takes the gradient of
+    # each replica's mean loss and the optimizer sums the gradients over all replicas, so a
+    # step is num_replicas times the one-device step. Keras 3.8 (keras-team/keras#20609) divides
+    # the loss by the number of replicas before the gradient. The fix does the same at the one
+    # place train_step turns the loss into the gradient's source, optimizer.scale_loss (the
+    # logged loss is not changed). One replica: unchanged.
+    import tensorflow as tf
+
+    cls = _tf_trainer().TensorFlowTrainer
+    original = cls.train_step
+
+    def train_step(self, data):
+        optimizer = getattr(self, "optimizer", None)
+        context = tf.distribute.get_replica_context()
+        if optimizer is None or context is None or not tf.distribute.has_strategy():
+            return original(self, data)
+        replicas = context.num_replicas_in_sync
+        if replicas <= 1:
+            return original(self, data)
+        scale = type(optimizer).scale_loss
+
+        def scale_loss(loss):
+            scaled = scale(optimizer, loss)
+            return scaled * tf.cast(1.0 / replicas, scaled.dtype)
+
+        optimizer.__dict__["scale_loss"] = scale_loss  # this trace only; no attribute tracking
+        try:
+            return original(self, data)
+        finally:
+            optimizer.__dict__.pop("scale_loss", None)
+
+    cls.train_step = train_step
+
+
 GRADIENT_ACCUMULATION = Fix(
     name="gradient_accumulation_under_a_strategy",
     summary=(
@@ -213,21 +420,32 @@ GRADIENT_ACCUMULATION = Fix(
 )
 
 
-@GRADIENT_ACCUMULATION.variant(
-    "3.3",
-    targets=[
-        Target(
-            "keras.src.backend.tensorflow.optimizer:TFOptimizer._backend_apply_gradients",
-            ("self", "grads", "trainable_variables"),
-        ),
-        "keras.src.backend.tensorflow.optimizer:TFOptimizer._all_reduce_sum_gradients",
-        "keras.src.backend.tensorflow.optimizer:TFOptimizer._distributed_tf_update_step",
-        "keras.src.backend.tensorflow.optimizer:TFOptimizer._backend_reset_gradient_accumulators",
-        "keras.src.optimizers.base_optimizer:BaseOptimizer._clip_gradients",
-        "keras.src.optimizers.base_optimizer:BaseOptimizer._use_weight_decay",
-    ],
-)
-def _fix_gradient_accumulation():
+_ACCUMULATION_TARGETS = [
+    Target(
+        "keras.src.backend.tensorflow.optimizer:TFOptimizer._backend_apply_gradients",
+        ("self", "grads", "trainable_variables"),
+    ),
+    "keras.src.backend.tensorflow.optimizer:TFOptimizer._all_reduce_sum_gradients",
+    "keras.src.backend.tensorflow.optimizer:TFOptimizer._distributed_tf_update_step",
+    "keras.src.backend.tensorflow.optimizer:TFOptimizer._backend_reset_gradient_accumulators",
+    "keras.src.optimizers.base_optimizer:BaseOptimizer._clip_gradients",
+    "keras.src.optimizers.base_optimizer:BaseOptimizer._use_weight_decay",
+]
+
+
+@GRADIENT_ACCUMULATION.variant("3.3", "3.10", targets=_ACCUMULATION_TARGETS)
+def _gradient_accumulation_counting_iterations():
+    # Keras 3.3-3.9: _backend_apply_gradients also counts the step (optimizer.iterations).
+    _patch_gradient_accumulation(count_iteration=True)
+
+
+@GRADIENT_ACCUMULATION.variant("3.10", targets=_ACCUMULATION_TARGETS)
+def _gradient_accumulation():
+    # Keras 3.10 on: BaseOptimizer.apply counts the step after _backend_apply_gradients.
+    _patch_gradient_accumulation(count_iteration=False)
+
+
+def _patch_gradient_accumulation(count_iteration: bool):
     # No upstream issue found; keras-team/keras#19246's comments meet the same limit.
     # BaseOptimizer._backend_apply_gradients (keras/src/optimizers/base_optimizer.py) chooses
     # between "update" and "accumulate" with ops.cond in replica context, and both branches
@@ -289,10 +507,12 @@ def _fix_gradient_accumulation():
                     )
                 return tf.constant(False)
 
-            is_update_step = tf.equal((self._iterations.value + 1) % steps, 0)
+            is_update_step = tf.equal((self.iterations.value + 1) % steps, 0)
             tf.cond(is_update_step, update, accumulate)
 
         context.merge_call(merge_fn, args=(accumulated, updates))
+        if count_iteration:
+            self.iterations.assign_add(1)
 
     tf_optimizer.TFOptimizer._backend_apply_gradients = _backend_apply_gradients
 
@@ -378,39 +598,27 @@ NO_XLA_ACROSS_REPLICAS = Fix(
         'compile(jit_compile=True) with several local replicas fails with "Trying to access '
         'resource ... located in device CPU:1 from device CPU:0".'
     ),
-    absent_before="Keras before 3.7 XLA-compiles the per-replica step only",
 )
 
 
-@NO_XLA_ACROSS_REPLICAS.variant(
-    "3.7",
-    targets=[
-        Target(
-            "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._make_function",
-            ("self", "step_function"),
-        ),
-    ],
-)
-def _fix_jit_compile_across_replicas():
+def _without_xla_across_replicas(original):
     # TensorFlow's XLA known issue "tf.Variable on a different device"; tf_keras fails the same
-    # way on several local devices. TensorFlowTrainer._make_function
-    # (keras/src/backend/tensorflow/trainer.py) XLA-compiles the function that *contains*
-    # strategy.run, one cluster touching every replica's variables: "Trying to access resource
-    # .../replica_1/... located in device CPU:1 from device CPU:0". With more than one local
-    # replica, tfdist builds the train/test step without XLA and says so once.
+    # way on several local devices. Keras XLA-compiles a function that touches every local
+    # replica's variables: "Trying to access resource .../replica_1/... located in device CPU:1
+    # from device CPU:0". With more than one local replica, tfdist builds the step without XLA
+    # and says so once. Returns `original` (a method building a step function) wrapped.
+    import functools
     import warnings
 
-    trainer = _tf_trainer()
-    original = trainer.TensorFlowTrainer._make_function
-
-    def _make_function(self, step_function):
+    @functools.wraps(original)
+    def build(self, *args, **kwargs):
         strategy = self._distribute_strategy
         if (
             strategy is None
             or not self.jit_compile
             or len(getattr(strategy.extended, "worker_devices", ())) <= 1
         ):
-            return original(self, step_function)
+            return original(self, *args, **kwargs)
         warnings.warn(
             "jit_compile=True cannot compile a training step that spans several local replicas "
             f"({strategy.num_replicas_in_sync} here): XLA would place every replica's variables "
@@ -420,14 +628,46 @@ def _fix_jit_compile_across_replicas():
         )
         saved, self._jit_compile = self._jit_compile, False
         try:
-            return original(self, step_function)
+            return original(self, *args, **kwargs)
         finally:
             self._jit_compile = saved
 
-    trainer.TensorFlowTrainer._make_function = _make_function
+    return build
+
+
+_MAKE_FUNCTIONS = ("make_train_function", "make_test_function", "make_predict_function")
+
+
+@NO_XLA_ACROSS_REPLICAS.variant(
+    "3.3",
+    "3.7",
+    targets=[
+        Target(f"{_TRAINER}:TensorFlowTrainer.{name}", ("self", "force"))
+        for name in _MAKE_FUNCTIONS
+    ],
+)
+def _no_xla_in_make_functions():
+    # Keras 3.3-3.6: make_train/test/predict_function jit-compile the per-replica step itself.
+    cls = _tf_trainer().TensorFlowTrainer
+    for name in _MAKE_FUNCTIONS:
+        setattr(cls, name, _without_xla_across_replicas(getattr(cls, name)))
+
+
+@NO_XLA_ACROSS_REPLICAS.variant(
+    "3.7",
+    targets=[Target(f"{_TRAINER}:TensorFlowTrainer._make_function", ("self", "step_function"))],
+)
+def _no_xla_in_make_function():
+    # Keras 3.7 on: TensorFlowTrainer._make_function compiles the function that *contains*
+    # strategy.run, one XLA cluster for every replica.
+    cls = _tf_trainer().TensorFlowTrainer
+    cls._make_function = _without_xla_across_replicas(cls._make_function)
 
 
 FIXES = (
+    GRADIENTS_SUMMED,
+    METRICS_SUMMED,
+    LOSS_SCALED_FOR_REPLICAS,
     OPTIMIZER_OUTSIDE_SCOPE,
     LOSS_SCALE_SKIP,
     SYMBOLIC_BUILD,
