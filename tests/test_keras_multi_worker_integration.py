@@ -12,6 +12,8 @@ import tempfile
 
 import pytest
 
+from tfdist import _compat
+from tfdist.fixes.record import NOT_NEEDED
 from tfdist.testing import run_cluster
 
 import keras_scenarios as scenarios
@@ -79,22 +81,34 @@ def test_fit_evaluate_predict_on_two_workers(jobs):
     assert first["predict_shape"] == [64, 1] and first["predict_matches_call"] < 1e-5
 
 
+MEAN_OF_LOGS = "Invalid reduction dimension 0 for input with 0 dimensions"
+
+
 def test_keras_3_alone_fails_where_tfdist_works(jobs):
+    # the symbolic build fails first where Keras has one (3.5 on), else the mean of the logs
     for worker in jobs["no_fixes"]:
-        error = worker["results"]["fit_evaluate_predict"]["error"]
-        assert "Attempt to convert a value (PerReplica" in error
+        result = worker["results"]["fit_evaluate_predict"]
+        if scenarios.fix_state("symbolic_build_from_a_local_batch") == NOT_NEEDED:
+            scenarios.fails_upstream(result, "multi_worker_mean_of_metric_results", MEAN_OF_LOGS)
+        else:
+            text = "Attempt to convert a value (PerReplica"
+            scenarios.fails_upstream(result, "symbolic_build_from_a_local_batch", text)
 
 
 def test_each_multi_worker_fix_is_needed(jobs):
     for worker in jobs["no_mean_fix"]:
-        error = worker["results"]["fit_evaluate_predict"]["error"]
-        assert "Invalid reduction dimension 0 for input with 0 dimensions" in error
+        result = worker["results"]["fit_evaluate_predict"]
+        scenarios.fails_upstream(result, "multi_worker_mean_of_metric_results", MEAN_OF_LOGS)
 
 
 def test_steps_per_execution_fails_on_two_workers_without_its_fix(jobs):
     for worker in jobs["no_loop_fix"]:
-        error = worker["results"]["steps_per_execution"]["error"]
-        assert "You must feed a value for placeholder tensor" in error
+        result = worker["results"]["steps_per_execution"]
+        scenarios.fails_upstream(
+            result,
+            "multi_worker_steps_per_execution",
+            "You must feed a value for placeholder tensor",
+        )
 
 
 def test_two_workers_train_exactly_as_one_device_with_the_global_batch(jobs):
@@ -105,8 +119,12 @@ def test_two_workers_train_exactly_as_one_device_with_the_global_batch(jobs):
 
 def test_gradient_accumulation_and_steps_per_execution(jobs):
     for result in both(jobs, "tfdist", "gradient_accumulation"):
-        assert result["iterations"] == 4 and result["max_weight_difference"] < 1e-5
+        assert result["iterations"] == result["one_device_iterations"] in (4, 8)
+        assert result["max_weight_difference"] < 1e-5
     first, second = both(jobs, "tfdist", "steps_per_execution")
+    if first["one_device_iterations"] != 20:  # n/a on Keras 3.3-3.6: see test_keras_mirrored
+        assert _compat.keras_version_tuple() < (3, 7)
+        return
     for result in (first, second):
         assert result["iterations"] == 20 and result["max_weight_difference"] < 1e-6
         # the logs of fit and evaluate (groups of 3, 3, 3, 1 steps) are those of 1 step per call

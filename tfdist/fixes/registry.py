@@ -32,7 +32,7 @@ from tfdist.fixes.record import (
 
 FIXES = {
     fix.name: fix
-    for module in (replicas, multi_worker, callbacks, parameter_server)
+    for module in (replicas, multi_worker, callbacks, parameter_server, tensorflow)
     for fix in module.FIXES
 }
 
@@ -68,8 +68,14 @@ def _status(fix: Fix, version, skip: set) -> FixStatus:
         return FixStatus(fix.name, OFF, "TFDIST_KERAS_FIXES=0")
     if fix.name in skip:
         return FixStatus(fix.name, OFF, f"TFDIST_KERAS_FIXES=-{fix.name}")
-    state, reason, _ = fix.check(version)
+    state, reason, _ = fix.check(_tensorflow_version() if fix.library == "tensorflow" else version)
     return FixStatus(fix.name, state, reason)
+
+
+def _tensorflow_version():
+    import tensorflow as tf
+
+    return releases.parse_version(tf.__version__)
 
 
 def report() -> list:
@@ -92,6 +98,14 @@ def report() -> list:
     return statuses
 
 
+def _where(fix: Fix) -> str:
+    if fix.library == "tensorflow":
+        import tensorflow as tf
+
+        return f"TensorFlow {tf.__version__}"
+    return f"Keras {_compat.keras_version()}"
+
+
 def apply_fixes() -> list:
     """Applies every fix that this Keras needs and whose targets match, once per process.
 
@@ -108,14 +122,16 @@ def apply_fixes() -> list:
             continue
         status = _status(fix, version, skip)
         if status.state == APPLIED:
-            _, _, variant = fix.check(version)
+            _, _, variant = fix.check(
+                _tensorflow_version() if fix.library == "tensorflow" else version
+            )
             try:
                 variant.apply()
             except Exception as err:  # an internal of an unforeseen shape: skip, never break
                 status = FixStatus(name, SKIPPED, f"applying failed: {type(err).__name__}: {err}")
         if status.state == SKIPPED:
             warnings.warn(
-                f"tfdist skips its fix {name!r} on Keras {_compat.keras_version()}: "
+                f"tfdist skips its fix {name!r} on {_where(fix)}: "
                 f"{status.reason}. Consequence: {fix.consequence} HINT: use a release of the "
                 "tested matrix (`tfdist env`), or report this release as an issue.",
                 CompatibilityWarning,
@@ -133,12 +149,15 @@ def applied() -> list:
 def markdown_table() -> str:
     """The docs' table of fixes (docs/concepts/strategies.md), made from the records."""
     lines = [
-        "| fix | strategies | Keras releases | upstream | the bug it removes |",
+        "| fix | strategies | releases | upstream | the bug it removes |",
         "| --- | --- | --- | --- | --- |",
     ]
     for fix in FIXES.values():
         strategies = ", ".join(fix.strategies)
-        releases_ = fix.releases + (f" (fixed upstream in {fix.fixed_in})" if fix.fixed_in else "")
+        library = "TensorFlow" if fix.library == "tensorflow" else "Keras"
+        releases_ = f"{library} {fix.releases}".replace(" | ", f" \\| {library} ")
+        if fix.fixed_in:
+            releases_ += f" (fixed upstream in {fix.fixed_in})"
         lines.append(
             f"| `{fix.name}` | {strategies} | {releases_} | {fix.upstream} | {fix.summary} |"
         )
