@@ -385,3 +385,22 @@ def test_env_json_without_cluster(env_reports):
     assert "TF_CONFIG" not in report["environment_variables"]
     expected = "mirrored" if len(report["replica_devices"]) > 1 else "one_device"
     assert report["auto_strategy"] == expected
+
+
+def test_env_reports_the_release_status_and_every_fix(env_reports):
+    import tensorflow as tf
+
+    from tfdist import fixes, releases
+
+    report = _report(env_reports, "none")["releases"]
+    expected = releases.support(tf.__version__, report_keras(env_reports), "keras3")
+    assert (report["support"], report["message"]) == (expected.status, expected.message)
+    assert [r["tensorflow"] for r in report["matrix"]] == [r.tensorflow for r in releases.MATRIX]
+    states = {f["name"]: f["state"] for f in report["fixes"]}
+    assert set(fixes.FIXES) <= set(states)  # and the TensorFlow internals tfdist reads
+    assert states["coordination_config_pb2"] == "found"
+    assert set(states.values()) <= {"applies", "not needed", "skipped", "off", "found"}
+
+
+def report_keras(env_reports):
+    return _report(env_reports, "none")["keras"]

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tfdist.cli import diagnose, smoke_verdict
+from tfdist.cli import diagnose, scenario_outcomes, smoke_verdict
 from tfdist.launcher import JobResult, TaskResult
 
 
@@ -49,6 +49,30 @@ def _job(reason, *outputs):
     ],
 )
 def test_smoke_verdicts(job, expected):
+    _check_verdict(job, expected)
+
+
+def test_a_failed_scenario_names_the_fixes_that_cover_it():
+    lines = [
+        "SMOKE allreduce=3",
+        "SMOKE fit_steps=3",
+        "SMOKE scenario:fit_on_a_dataset=ok",
+        "SMOKE scenario:steps_per_execution=FAILED InvalidArgumentError: boom",
+    ]
+    _check_verdict(
+        _job("done", lines),
+        [
+            "the scenario steps_per_execution failed: FAILED InvalidArgumentError: boom. The "
+            "fixes that cover it: multi_worker_steps_per_execution (`tfdist env` shows"
+        ],
+    )
+    assert scenario_outcomes(lines) == {
+        "fit_on_a_dataset": "ok",
+        "steps_per_execution": "FAILED InvalidArgumentError: boom",
+    }
+
+
+def _check_verdict(job, expected):
     failures = smoke_verdict(job)
     assert len(failures) == len(expected)
     for failure, text in zip(failures, expected):
@@ -72,4 +96,6 @@ def test_doctor_runs_a_real_smoke_test_and_flags_tf_config_in_the_shell():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "PROBLEM  TF_CONFIG is set in this shell" in proc.stdout
     assert "OK       2 workers met, all-reduced 1 + 2 = 3 and trained 3 steps" in proc.stdout
+    for scenario in ("fit_on_a_dataset", "steps_per_execution", "checkpoints_and_backup"):
+        assert f"ok       scenario {scenario}" in proc.stdout
     assert "verdict: problems found" in proc.stdout

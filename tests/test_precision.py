@@ -562,7 +562,9 @@ def parameter_server_fit_losses():
         losses[policy] = float(np.mean((model(x).numpy() - y) ** 2))
         losses[policy + "_dtype"] = model.layers[0].compute_dtype
         losses[policy + "_optimizer"] = type(model.optimizer).__name__
-        losses[policy + "_iterations"] = int(model.optimizer.iterations.numpy())
+        # Keras before 3.10 counts the steps in the LossScaleOptimizer's inner optimizer only
+        counting = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+        losses[policy + "_iterations"] = int(counting.iterations.numpy())
     return losses
 
 

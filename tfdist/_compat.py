@@ -13,6 +13,8 @@ import functools
 import os
 from typing import Mapping, Optional
 
+from tfdist import settings
+
 MIN_TENSORFLOW = (2, 16)
 
 _TRUE = ("1", "true", "yes", "on")
@@ -99,8 +101,7 @@ def quiet_progress_off_the_chief(is_chief: bool, env: Optional[Mapping[str, str]
     script passes itself is kept. TFDIST_PROGRESS=all shows them on every task. Returns True
     when this process's bars are off.
     """
-    env = os.environ if env is None else env
-    if is_chief or env.get("TFDIST_PROGRESS", "").strip().lower() == "all":
+    if is_chief or settings.PROGRESS.get(env):  # TFDIST_PROGRESS=all
         return False
     callback_list = keras().callbacks.CallbackList
     if callback_list in _QUIET_PROGRESS:

@@ -38,12 +38,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import os
 import threading
 import time
 from typing import Callable, Dict, Optional
 
-from tfdist import _compat
+from tfdist import _compat, settings
 
 __all__ = [
     "TaskUnavailableError",
@@ -78,7 +77,7 @@ def _direct_schedule_allowed() -> bool:
     its progress slot (see _Runner). TFDIST_PS_DIRECT_SCHEDULE=0 (read when a model's runner
     is made): every group reads it, through the public ClusterCoordinator.schedule (slower
     with few steps per group; as exact)."""
-    return os.environ.get("TFDIST_PS_DIRECT_SCHEDULE", "1") != "0"
+    return settings.PS_DIRECT_SCHEDULE.get()
 
 
 _LOCK = threading.Lock()

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Optional
 
-ENV = "TFDIST_REPORT_FILE"
+from tfdist import settings
 
 _LOCK = threading.Lock()
 _TOTALS = {"steps": 0, "seconds": 0.0, "fits": 0}
@@ -64,7 +64,7 @@ def install() -> bool:
     Returns True when the counting is (already) installed.
     """
     global _INSTALLED
-    path = os.environ.get(ENV)
+    path = settings.REPORT_FILE.get()
     if not path:
         return False
     with _LOCK:

@@ -12,6 +12,8 @@ import pickle
 import sys
 import traceback
 
+from tfdist import settings
+
 
 def _load(module_name: str, qualname: str, source: str):
     try:
@@ -31,7 +33,7 @@ def _load(module_name: str, qualname: str, source: str):
 
 def main(argv) -> int:
     module_name, qualname, source, call_file, result_dir = argv
-    task = os.environ.get("TFDIST_TASK", "task").replace(":", "-")
+    task = (settings.TASK.get() or "task").replace(":", "-")
     result_path = os.path.join(result_dir, task + ".pkl")
     with open(call_file, "rb") as f:
         args, kwargs = pickle.load(f)

@@ -19,6 +19,7 @@ import shlex
 import sys
 from typing import List, Mapping, Optional, Sequence
 
+from tfdist import settings
 from tfdist.cluster import ClusterConfigError, ClusterSpec
 from tfdist.environments import detect_cluster, detect_environment
 from tfdist.strategy import STRATEGY_NAMES
@@ -189,7 +190,7 @@ def environment_report() -> dict:
         k: v
         for k, v in sorted(os.environ.items())
         if k in ("TF_CONFIG", "TF_USE_LEGACY_KERAS", "CUDA_VISIBLE_DEVICES")
-        or k.startswith("TFDIST_")
+        or k.startswith(settings.PREFIX)
     }
     try:
         environment = detect_environment()
@@ -276,7 +277,7 @@ def _cmd_launch(args) -> int:
     script_args = list(args.args)
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
-    extra = {"TFDIST_STRATEGY": args.strategy} if args.strategy else None
+    extra = {settings.STRATEGY.name: args.strategy} if args.strategy else None
     if args.workers < 1 or args.ps < 0 or args.max_restarts < 0:
         print(
             "tfdist launch: error: --workers must be >= 1, --ps and --max-restarts >= 0 "
@@ -338,12 +339,10 @@ def diagnose(env: Mapping[str, str], devices: Sequence[str]) -> List[str]:
             "that cluster (and waits for its peers). HINT: `unset TF_CONFIG` for local runs; "
             "`tfdist launch` sets it per task."
         )
-    if env.get("TFDIST_COMMUNICATION", "").strip().lower() == "nccl" and not any(
-        "gpu" in d.lower() for d in devices
-    ):
+    if settings.COMMUNICATION.get(env) == "nccl" and not any("gpu" in d.lower() for d in devices):
         problems.append(
-            f"TFDIST_COMMUNICATION=nccl, but this host has no GPU (replicas: {list(devices)}). "
-            "HINT: unset it or use ring; NCCL needs every replica on a GPU."
+            f"{settings.COMMUNICATION.name}=nccl, but this host has no GPU (replicas: "
+            f"{list(devices)}). HINT: unset it or use ring; NCCL needs every replica on a GPU."
         )
     return problems
 
@@ -425,7 +424,7 @@ def _cmd_doctor(args) -> int:
         "-- smoke test: 2 workers on loopback (all-reduce, a 3-step fit, then the scenarios "
         "that exercise the fixes)"
     )
-    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "TFDIST_STRATEGY": "multi_worker_mirrored"}
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", settings.STRATEGY.name: "multi_worker_mirrored"}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tfdist-doctor-") as directory:
         plans = plan_job("tfdist._smoke", [directory], module=True, workers=2, extra_env=env)

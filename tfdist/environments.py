@@ -16,6 +16,7 @@ import os
 import re
 from typing import List, Mapping, Optional
 
+from tfdist import settings
 from tfdist.cluster import ClusterConfigError, ClusterSpec
 
 __all__ = [
@@ -28,8 +29,6 @@ __all__ = [
     "expand_nodelist",
     "expand_tasks_per_node",
 ]
-
-DEFAULT_SLURM_PORT = 8888
 
 
 def _env(env: Optional[Mapping[str, str]]) -> Mapping[str, str]:
@@ -130,8 +129,8 @@ class SlurmEnvironment:
                 f"SLURM_PROCID={rank} is not below SLURM_STEP_NUM_TASKS={ntasks}. HINT: the "
                 "rank must be 0 to ntasks - 1; are the variables from two different steps?"
             )
-        num_ps = _setting(num_ps, env, "TFDIST_NUM_PS", 0, "num_ps")
-        port = _setting(port, env, "TFDIST_SLURM_PORT", DEFAULT_SLURM_PORT, "port")
+        num_ps = _setting(num_ps, env, settings.NUM_PS, "num_ps")
+        port = _setting(port, env, settings.SLURM_PORT, "port")
         if not 1 <= port <= 65535 - max(per_node) + 1:
             raise ClusterConfigError(
                 f"SLURM base port {port} leaves no room for {max(per_node)} task(s) per node "
@@ -304,17 +303,17 @@ def _int_var(env: Mapping[str, str], name: str, fallback: Optional[str] = None) 
     return number
 
 
-def _setting(explicit, env: Mapping[str, str], var: str, default: int, arg: str) -> int:
-    if explicit is not None:
-        value, source = explicit, f"{arg}="
-    elif var in env:
-        value, source = env[var], f"{var}="
-    else:
-        return default
+def _setting(explicit, env: Mapping[str, str], setting: settings.Setting, arg: str) -> int:
+    """The argument `arg` when given (a non-negative integer), else the variable, else default."""
+    if explicit is None:
+        try:
+            return setting.get(env)
+        except ValueError as err:
+            raise ClusterConfigError(str(err)) from None
     try:
-        number = int(value)
-        if isinstance(value, bool) or number < 0 or str(number) != str(value).strip():
+        number = int(explicit)
+        if isinstance(explicit, bool) or number < 0 or str(number) != str(explicit).strip():
             raise ValueError
     except (TypeError, ValueError):
-        raise ClusterConfigError(f"{source}{value!r} must be a non-negative integer.") from None
+        raise ClusterConfigError(f"{arg}={explicit!r} must be a non-negative integer.") from None
     return number

@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Dict, List, Mapping, Optional, Sequence, TextIO
 
-from tfdist import _report
+from tfdist import _report, settings
 from tfdist.cluster import ClusterSpec
 
 __all__ = ["JobFailed", "JobResult", "TaskPlan", "TaskResult", "launch", "plan_job", "run_job"]
@@ -150,7 +150,7 @@ def plan_job(
         env = {
             "TF_CONFIG": cluster.to_json(job, index),
             "PYTHONUNBUFFERED": "1",
-            "TFDIST_TASK": f"{job}:{index}",
+            settings.TASK.name: f"{job}:{index}",
         }
         env.update(extra_env or {})
         plans.append(TaskPlan(f"{job}:{index}", tuple(argv), env, serves))
@@ -176,7 +176,8 @@ class _Task:
         env.update(plan.env)
         # Where the task reports the steps it trained (tfdist._report), for the summary.
         self.report = env.setdefault(
-            _report.ENV, os.path.join(report_dir, plan.task.replace(":", "-") + ".json")
+            settings.REPORT_FILE.name,
+            os.path.join(report_dir, plan.task.replace(":", "-") + ".json"),
         )
         self.log = (
             open(os.path.join(log_dir, plan.task.replace(":", "-") + ".log"), "a")

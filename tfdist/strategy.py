@@ -11,11 +11,11 @@ communication vocabulary of each strategy is a small table below, one per strate
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 from typing import Callable, Dict, Mapping, Optional, Sequence
 
+from tfdist import settings
 from tfdist.cluster import ClusterConfigError, ClusterSpec
 from tfdist.environments import detect_cluster
 
@@ -69,16 +69,6 @@ _OPTIONS = {
         "max_shards",
     ),
 }
-
-# A peer that never joins becomes an error after this many seconds instead of a hang.
-# Explicit argument > TFDIST_* variable > this default.
-DEFAULT_STARTUP_TIMEOUT = 300
-# No per-collective timeout by default: TensorFlow implements one with a new OS thread that
-# sleeps for the whole timeout, twice per collective, which cost multi-worker Keras training
-# 30-45% of its throughput (benchmarks/bench_keras.py) and thousands of threads per process.
-# A peer that dies is caught anyway: the coordination service (configured by tfdist) stops
-# receiving its heartbeats and aborts the collectives with an error naming the task.
-DEFAULT_COLLECTIVE_TIMEOUT = 0
 
 
 # ------------------------------------------------------------------------------- devices
@@ -280,25 +270,12 @@ def collective_options(
     if communication == "nccl":
         _require_gpus_for_nccl("multi_worker_mirrored", devices)
     if timeout_seconds is None:
-        timeout_seconds = _env_number("TFDIST_COLLECTIVE_TIMEOUT", DEFAULT_COLLECTIVE_TIMEOUT)
+        timeout_seconds = settings.COLLECTIVE_TIMEOUT.get()  # default 0: no limit
     return tf.distribute.experimental.CommunicationOptions(
         bytes_per_pack=bytes_per_pack,
         timeout_seconds=timeout_seconds or None,
         implementation=implementation.NCCL if communication == "nccl" else implementation.RING,
     )
-
-
-def _env_number(var: str, default: float) -> float:
-    value = os.environ.get(var)
-    if value is None:
-        return default
-    try:
-        number = float(value)
-        if number < 0:
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"{var}={value!r} must be a non-negative number of seconds.") from None
-    return number
 
 
 # ------------------------------------------------------------------------------ factory
@@ -366,8 +343,9 @@ def make_strategy(
     ```
     """
     key = _canonical_name(name)
-    if key == "auto" and os.environ.get("TFDIST_STRATEGY", "").strip():
-        key = _canonical_name(os.environ["TFDIST_STRATEGY"])  # set by `tfdist launch --strategy`
+    from_env = settings.STRATEGY.get() if key == "auto" else None  # `tfdist launch --strategy`
+    if from_env:
+        key = _canonical_name(from_env)
     if cluster is None:
         cluster = detect_cluster()
     elif not isinstance(cluster, ClusterSpec):
@@ -386,7 +364,7 @@ def make_strategy(
             f"make_strategy({key!r}) got unexpected option(s) {unknown}. Options accepted for "
             f"{key!r}: {accepted}."
         )
-    from_env = os.environ.get("TFDIST_COMMUNICATION", "").strip().lower()
+    from_env = settings.COMMUNICATION.get()
     if communication == "auto" and from_env in COMMUNICATIONS[key]:
         communication = from_env  # a job-wide choice; where it does not apply, "auto" stays
     if key != "parameter_server":
@@ -535,7 +513,7 @@ def _configure_coordination(cluster: ClusterSpec, startup_timeout) -> None:
     coordination_config_pb2 = COORDINATION_CONFIG.get()
 
     if startup_timeout is None:
-        startup_timeout = _env_number("TFDIST_STARTUP_TIMEOUT", DEFAULT_STARTUP_TIMEOUT)
+        startup_timeout = settings.STARTUP_TIMEOUT.get()
     jobs = [
         coordination_config_pb2.CoordinatedJob(name=job, num_tasks=len(addresses))
         for job, addresses in cluster.cluster.items()

@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 import pytest
 
+from tfdist import settings
 from tfdist.cluster import free_ports as _free_ports
 from tfdist.launcher import JobResult, plan_job, run_job
 
@@ -233,7 +234,9 @@ def run_cluster_fixture():
 
 
 def _guarded(environ) -> dict:
-    return {k: v for k, v in environ.items() if k in GUARDED_VARIABLES or k.startswith("TFDIST_")}
+    return {
+        k: v for k, v in environ.items() if k in GUARDED_VARIABLES or k.startswith(settings.PREFIX)
+    }
 
 
 @pytest.fixture(autouse=True)

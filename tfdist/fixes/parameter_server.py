@@ -189,25 +189,21 @@ def _shards_of(variable) -> list:
     """
     shards = variable.__dict__.get("_tfdist_shards")
     if shards is None:
-        from keras.src import backend
         from keras.src.backend.common import global_state
 
         scope = global_state.get_global_attribute("stateless_scope")
         global_state.set_global_attribute("stateless_scope", None)
         try:
             shards = [
-                backend.Variable(
-                    initializer=shard,
-                    trainable=variable.trainable,
-                    name=f"{variable.name}_shard_{i}",
-                )
+                _SHARD_VIEW[0](shard, variable.trainable, f"{variable.name}_shard_{i}")
                 for i, shard in enumerate(variable._value.variables)
             ]
         finally:
             global_state.set_global_attribute("stateless_scope", scope)
         for shard in shards:
             # Elementwise regularizers (l1, l2) and constraints add up / apply per shard.
-            shard.regularizer, shard.constraint = variable.regularizer, variable.constraint
+            shard.regularizer = getattr(variable, "regularizer", None)
+            shard.constraint = variable.constraint
             shard._tfdist_sharded_parent = variable
         variable._tfdist_shards = shards
     return shards
@@ -228,14 +224,49 @@ PS_SHARDED_TRAINABLE = Fix(
 )
 
 
+_SHARDED_TARGETS = [
+    "keras.src.layers.layer:Layer.trainable_weights",
+    "keras.src.layers.layer:Layer.trainable_variables",
+    "keras.src.backend.common.global_state:get_global_attribute",
+]
+_SHARD_VIEW = [None]  # how to wrap one shard in a Keras variable on this release
+
+
+def _view_by_initializer(shard, trainable, name):
+    # Keras 3.10 on: a Variable made from an existing tf.Variable wraps it.
+    from keras.src import backend
+
+    return backend.Variable(initializer=shard, trainable=trainable, name=name)
+
+
+def _view_by_subclass(shard, trainable, name):
+    # Keras before 3.10 copies the initial value into a new tf.Variable (on whatever device is
+    # current); a view must wrap the shard itself, so its _initialize keeps the value given.
+    from keras.src import backend
+
+    class ShardView(backend.Variable):
+        def _initialize(self, value):
+            self._value = value
+
+    return ShardView(initializer=shard, trainable=trainable, name=name)
+
+
 @PS_SHARDED_TRAINABLE.variant(
     "3.3",
-    targets=[
-        "keras.src.layers.layer:Layer.trainable_weights",
-        "keras.src.layers.layer:Layer.trainable_variables",
-        "keras.src.backend.common.global_state:get_global_attribute",
-    ],
+    "3.10",
+    targets=[*_SHARDED_TARGETS, Target("keras.src.backend.tensorflow.core:Variable._initialize")],
 )
+def _sharded_trainable_by_subclass():
+    _SHARD_VIEW[0] = _view_by_subclass
+    _fix_ps_sharded_trainable_variables()
+
+
+@PS_SHARDED_TRAINABLE.variant("3.10", targets=_SHARDED_TARGETS)
+def _sharded_trainable_by_initializer():
+    _SHARD_VIEW[0] = _view_by_initializer
+    _fix_ps_sharded_trainable_variables()
+
+
 def _fix_ps_sharded_trainable_variables():
     # With a variable_partitioner, ParameterServerStrategy makes a ShardedVariable for a large
     # weight (an Embedding table) and Keras 3 wraps it in one Keras variable

@@ -13,11 +13,10 @@ May import: tfdist._compat, tfdist.releases, tfdist.fixes.* (the area modules).
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Mapping, Optional
 
-from tfdist import _compat, releases
+from tfdist import _compat, releases, settings
 from tfdist.fixes import callbacks, multi_worker, parameter_server, replicas, tensorflow
 from tfdist.fixes.record import (
     APPLIED,
@@ -40,22 +39,17 @@ _STATUS: dict = {}  # name -> FixStatus, once a fix was considered in this proce
 
 
 def fixes_enabled(env: Optional[Mapping[str, str]] = None) -> bool:
-    env = os.environ if env is None else env
-    return env.get("TFDIST_KERAS_FIXES", "1").strip().lower() not in ("0", "false", "no", "off")
+    """False when TFDIST_KERAS_FIXES turns every fix off ("0", "false", "no" or "off")."""
+    return settings.KERAS_FIXES.get(env).enabled
 
 
 def turned_off(env: Optional[Mapping[str, str]] = None) -> set:
     """Fixes named "-name" in TFDIST_KERAS_FIXES (e.g. "-no_xla_step_across_replicas")."""
-    env = os.environ if env is None else env
-    names = {
-        part.strip()[1:]
-        for part in env.get("TFDIST_KERAS_FIXES", "").split(",")
-        if part.strip().startswith("-")
-    }
+    names = set(settings.KERAS_FIXES.get(env).turned_off)
     unknown = names - set(FIXES)
     if unknown:
         raise ValueError(
-            f"TFDIST_KERAS_FIXES names unknown fix(es) {sorted(unknown)}. Known: "
+            f"{settings.KERAS_FIXES.name} names unknown fix(es) {sorted(unknown)}. Known: "
             f"{', '.join(FIXES)}."
         )
     return names

@@ -17,6 +17,16 @@ def _tf_trainer():
     return trainer
 
 
+def _under_mirrored() -> bool:
+    """True under mirrored or multi_worker_mirrored (whose extended subclasses mirrored's)."""
+    import tensorflow as tf
+    from tensorflow.python.distribute import mirrored_strategy
+
+    return tf.distribute.has_strategy() and isinstance(
+        tf.distribute.get_strategy().extended, mirrored_strategy.MirroredExtended
+    )
+
+
 OPTIMIZER_OUTSIDE_SCOPE = Fix(
     name="optimizer_made_outside_the_scope",
     summary=(
@@ -244,8 +254,14 @@ def _fix_gradients_summed():
     from keras.src.backend.tensorflow import optimizer as tf_optimizer
 
     cls = tf_optimizer.TFOptimizer
+    original_update, original_distributed = (
+        cls._backend_update_step,
+        cls._distributed_tf_update_step,
+    )
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        if not _under_mirrored():  # parameter_server: as upstream
+            return original_update(self, grads, trainable_variables, learning_rate)
         variables = [v.value if isinstance(v, backend.Variable) else v for v in trainable_variables]
         grads_and_vars = self._all_reduce_sum_gradients(list(zip(grads, variables)))
         tf.__internal__.distribute.interim.maybe_merge_call(
@@ -256,6 +272,9 @@ def _fix_gradients_summed():
         )
 
     def _distributed_tf_update_step(self, distribution, grads_and_vars, learning_rate):
+        if not _under_mirrored():
+            return original_distributed(self, distribution, grads_and_vars, learning_rate)
+
         def apply_grad_to_update_var(var, grad, learning_rate):
             return self.update_step(grad, var, learning_rate)
 
@@ -328,7 +347,7 @@ def _patch_metric_variables(methods):
         )
 
     def summed(self) -> bool:
-        return getattr(self, "_aggregation", None) == "sum" and tf.distribute.has_strategy()
+        return getattr(self, "_aggregation", None) == "sum" and _under_mirrored()
 
     original = {name: getattr(cls, name) for name in methods}
 
@@ -385,7 +404,7 @@ def _fix_loss_scaled_for_replicas():
     def train_step(self, data):
         optimizer = getattr(self, "optimizer", None)
         context = tf.distribute.get_replica_context()
-        if optimizer is None or context is None or not tf.distribute.has_strategy():
+        if optimizer is None or context is None or not _under_mirrored():
             return original(self, data)
         replicas = context.num_replicas_in_sync
         if replicas <= 1:

@@ -1,0 +1,282 @@
+"""Every TFDIST_* environment variable: its name, how it is parsed, its default and its doc.
+
+The one place tfdist reads its own variables from. Each variable is a `Setting`:
+
+    from tfdist import settings
+
+    settings.STARTUP_TIMEOUT.get()            # reads os.environ: 300 when unset
+    settings.NUM_PS.get({"TFDIST_NUM_PS": "1"})  # or any mapping: 1
+
+`get` never writes the mapping. A value that cannot be parsed is a `ValueError` that quotes the
+variable and the value and says what is allowed. `SETTINGS` lists them all, in the order of
+docs/environment-variables.md, whose table is `markdown_table()`.
+
+A leaf module: it imports neither TensorFlow nor other tfdist modules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any, Callable, Mapping, NamedTuple, Optional
+
+PREFIX = "TFDIST_"  # every variable of tfdist starts with it (`tfdist env` lists them all)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One environment variable of tfdist.
+
+    Attributes:
+        name: str. The variable, e.g. "TFDIST_NUM_PS".
+        parse: callable. Turns the variable's text into the value; raises ValueError saying
+            what is allowed (the part after "must be") when the text is not valid.
+        default: the value when the variable is not set.
+        doc: str. What the variable does (the "meaning" column of the docs table).
+        read_by: str. What reads it (the "read by" column).
+        default_doc: str. The default as the docs table shows it; empty: `str(default)`.
+    """
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+    read_by: str
+    default_doc: str = ""
+
+    def get(self, env: Optional[Mapping[str, str]] = None) -> Any:
+        """The parsed value of the variable in `env` (default `os.environ`), or the default.
+
+        Raises:
+            ValueError: the variable is set to a value it does not take.
+        """
+        env = os.environ if env is None else env
+        value = env.get(self.name)
+        if value is None:
+            return self.default
+        try:
+            return self.parse(value)
+        except ValueError as err:
+            raise ValueError(
+                f"{self.name} must be {err}. Received: {self.name}={value!r}. HINT: correct "
+                f"the value, or unset {self.name} for the default."
+            ) from None
+
+
+# ------------------------------------------------------------------------------- parsers
+
+_OFF = ("0", "false", "no", "off")
+
+# The names `make_strategy` takes (tfdist.strategy.STRATEGY_NAMES and its alias "off"; a test
+# checks that the two agree).
+_STRATEGY_NAMES = (
+    "auto",
+    "one_device",
+    "mirrored",
+    "multi_worker_mirrored",
+    "parameter_server",
+    "default",
+    "off",
+)
+
+
+class KerasFixes(NamedTuple):
+    """The value of TFDIST_KERAS_FIXES: are the fixes on, and which are turned off by name."""
+
+    enabled: bool
+    turned_off: frozenset
+
+
+def _strategy(value: str) -> Optional[str]:
+    """A strategy name, lower case with "_" for "-"; None when blank."""
+    key = value.strip().lower().replace("-", "_")
+    if key and key not in _STRATEGY_NAMES:
+        raise ValueError(f"a strategy name: one of {', '.join(_STRATEGY_NAMES)}")
+    return key or None
+
+
+def _lower_or_none(value: str) -> Optional[str]:
+    """The value stripped and lower case; None when blank."""
+    return value.strip().lower() or None
+
+
+def _seconds(value: str) -> float:
+    """A finite, non-negative number of seconds ("300", "2.5")."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not 0 <= number < math.inf:
+        raise ValueError("a finite, non-negative number of seconds, like 300 or 2.5")
+    return number
+
+
+def _count(value: str) -> int:
+    """A non-negative integer written plainly ("0", " 12 "; not "012", "1e3" or "+1")."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0 or str(number) != str(value).strip():
+        raise ValueError("a non-negative integer (plain digits, no leading zero), like 1 or 8888")
+    return number
+
+
+def _keras_fixes(value: str) -> KerasFixes:
+    """0 / false / no / off: every fix off; else the "-name" entries of a comma list are off."""
+    if value.strip().lower() in _OFF:
+        return KerasFixes(False, frozenset())
+    parts = (part.strip() for part in value.split(","))
+    return KerasFixes(True, frozenset(part[1:] for part in parts if part.startswith("-")))
+
+
+def _not_zero(value: str) -> bool:
+    """False for exactly "0", True for any other value."""
+    return value != "0"
+
+
+def _is_all(value: str) -> bool:
+    """True for "all" (any case)."""
+    return value.strip().lower() == "all"
+
+
+def _text_or_none(value: str) -> Optional[str]:
+    """The value as it is; None when empty."""
+    return value or None
+
+
+def _text(value: str) -> str:
+    """The value as it is."""
+    return value
+
+
+# ------------------------------------------------------------------------------ settings
+
+STRATEGY = Setting(
+    "TFDIST_STRATEGY",
+    _strategy,
+    None,
+    'a strategy name that replaces `"auto"` (explicit names are not replaced); `tfdist launch '
+    "--strategy` sets it",
+    "`make_strategy`",
+    "unset",
+)
+COMMUNICATION = Setting(
+    "TFDIST_COMMUNICATION",
+    _lower_or_none,
+    None,
+    'replaces `communication="auto"`: `ring`, `nccl` (multi_worker_mirrored), `nccl`, '
+    "`hierarchical_copy`, `reduce_to_one_device` (mirrored); a strategy that does not take the "
+    'value keeps `"auto"`',
+    "`make_strategy`, `tfdist doctor`",
+    "unset",
+)
+# A peer that never joins becomes an error after this many seconds instead of a hang.
+STARTUP_TIMEOUT = Setting(
+    "TFDIST_STARTUP_TIMEOUT",
+    _seconds,
+    300,
+    "seconds to wait for every worker to join, then `RuntimeError`; `startup_timeout=` wins",
+    "`make_strategy` (multi_worker_mirrored)",
+)
+# No per-collective timeout by default: TensorFlow implements one with a new OS thread that
+# sleeps for the whole timeout, twice per collective, which cost multi-worker Keras training
+# 30-45% of its throughput (benchmarks/bench_keras.py) and thousands of threads per process.
+# A peer that dies is caught anyway: the coordination service (configured by tfdist) stops
+# receiving its heartbeats and aborts the collectives with an error naming the task.
+COLLECTIVE_TIMEOUT = Setting(
+    "TFDIST_COLLECTIVE_TIMEOUT",
+    _seconds,
+    0,
+    "seconds one collective may take, then `DeadlineExceededError`; `0` means no limit; "
+    "`timeout_seconds=` wins",
+    "`make_strategy` (multi_worker_mirrored)",
+    "no limit (each timed collective costs TensorFlow a sleeping thread; dead peers are caught "
+    "by heartbeats)",
+)
+NUM_PS = Setting(
+    "TFDIST_NUM_PS",
+    _count,
+    0,
+    "the number of ps tasks among the step's tasks: rank 0 becomes the chief, ranks 1..N the ps "
+    "tasks; `num_ps=` wins",
+    "SLURM detection",
+)
+SLURM_PORT = Setting(
+    "TFDIST_SLURM_PORT",
+    _count,
+    8888,
+    "the base port: the task with local index i on a node listens on base + i; `port=` wins",
+    "SLURM detection",
+)
+KERAS_FIXES = Setting(
+    "TFDIST_KERAS_FIXES",
+    _keras_fixes,
+    KerasFixes(True, frozenset()),
+    "`0` (or `false`, `no`, `off`) turns off every Keras 3 fix; a comma list of `-name` entries "
+    "turns off those fixes only, e.g. `-no_xla_step_across_replicas,"
+    "-different_random_draws_per_replica`; an unknown name is a `ValueError` that lists the "
+    "known ones",
+    "`make_strategy`",
+    "all fixes on",
+)
+PS_DIRECT_SCHEDULE = Setting(
+    "TFDIST_PS_DIRECT_SCHEDULE",
+    _not_zero,
+    True,
+    "`0` hands every scheduled group of steps to `ClusterCoordinator.schedule()`, TensorFlow's "
+    "public path, instead of tfdist's faster direct one; each group then reads its progress "
+    "counter from the ps. For diagnosing problems only",
+    "`tfdist.fit` on parameter_server (Keras 3)",
+    "`1`",
+)
+PROGRESS = Setting(
+    "TFDIST_PROGRESS",
+    _is_all,
+    False,
+    "`all` shows Keras progress bars on every worker; by default only the chief draws them",
+    "`tfdist.make_strategy` (multi_worker_mirrored)",
+    "chief only",
+)
+REPORT_FILE = Setting(
+    "TFDIST_REPORT_FILE",
+    _text_or_none,
+    None,
+    "a file where this process writes the training steps and time of its fits, which the "
+    "launcher's summary line reads",
+    "`tfdist.make_strategy`",
+    "set by the launcher",
+)
+TASK = Setting(
+    "TFDIST_TASK",
+    _text,
+    None,
+    "the task's name (`worker:1`), set by `tfdist launch` in every process it starts; a script "
+    "may read it",
+    "the launcher and `run_cluster`",
+    "set by the launcher",
+)
+
+SETTINGS = (
+    STRATEGY,
+    COMMUNICATION,
+    STARTUP_TIMEOUT,
+    COLLECTIVE_TIMEOUT,
+    NUM_PS,
+    SLURM_PORT,
+    KERAS_FIXES,
+    PS_DIRECT_SCHEDULE,
+    PROGRESS,
+    REPORT_FILE,
+    TASK,
+)
+
+
+def markdown_table() -> str:
+    """The table of `SETTINGS` in docs/environment-variables.md, as Markdown (ends in "\\n")."""
+    lines = ["| variable | read by | meaning | default |", "| --- | --- | --- | --- |"]
+    for setting in SETTINGS:
+        default = setting.default_doc or str(setting.default)
+        lines.append(f"| `{setting.name}` | {setting.read_by} | {setting.doc} | {default} |")
+    return "\n".join(lines) + "\n"
