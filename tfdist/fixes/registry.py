@@ -59,9 +59,9 @@ def _status(fix: Fix, version, skip: set) -> FixStatus:
     if _compat.uses_legacy_keras() and fix.library == "keras":
         return FixStatus(fix.name, NOT_NEEDED, "tf_keras is in use: the bug is Keras 3's")
     if not fixes_enabled():
-        return FixStatus(fix.name, OFF, "TFDIST_KERAS_FIXES=0")
+        return FixStatus(fix.name, OFF, f"{settings.KERAS_FIXES.name}=0")
     if fix.name in skip:
-        return FixStatus(fix.name, OFF, f"TFDIST_KERAS_FIXES=-{fix.name}")
+        return FixStatus(fix.name, OFF, f"{settings.KERAS_FIXES.name}=-{fix.name}")
     state, reason, _ = fix.check(_tensorflow_version() if fix.library == "tensorflow" else version)
     return FixStatus(fix.name, state, reason)
 
