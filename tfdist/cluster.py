@@ -25,6 +25,11 @@ JOB_NAMES = ("chief", "worker", "ps", "evaluator")
 _HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(?P<port>[^:]*)$")
 
 
+# name -> cluster_spec(env, **options) of the environments that build specs from a scheduler's
+# variables (filled by tfdist.environments).
+_ENVIRONMENT_READERS: dict = {}
+
+
 class ClusterConfigError(ValueError):
     """A cluster description (TF_CONFIG, host lists, SLURM variables) is invalid.
 
@@ -417,9 +422,9 @@ class ClusterSpec:
 
         See `tfdist.environments.SlurmEnvironment` for the variables read and the task layout.
         """
-        from tfdist.environments import SlurmEnvironment
-
-        return SlurmEnvironment.cluster_spec(env, num_ps=num_ps, port=port)
+        # tfdist.environments (imported by `import tfdist`, before this module is usable)
+        # registers its reader here, so the spec does not import the environments above it.
+        return _ENVIRONMENT_READERS["slurm"](env, num_ps=num_ps, port=port)
 
     def replace_task(self, task_type: str, task_index: int = 0) -> "ClusterSpec":
         """Returns the same cluster seen from another task."""

@@ -16,6 +16,7 @@ import os
 import re
 from typing import List, Mapping, Optional
 
+from tfdist import cluster as _cluster
 from tfdist import settings
 from tfdist.cluster import ClusterConfigError, ClusterSpec
 
@@ -163,6 +164,9 @@ class SlurmEnvironment:
             cluster = {"worker": addresses}
         task_type, task_index = roles[rank]
         return ClusterSpec(cluster, task_type, task_index)
+
+
+_cluster._ENVIRONMENT_READERS["slurm"] = SlurmEnvironment.cluster_spec
 
 
 class LocalEnvironment:
