@@ -489,6 +489,10 @@ def _patch_gradient_accumulation(count_iteration: bool):
         ):
             return original(self, grads, trainable_variables)
         steps = self.gradient_accumulation_steps
+        # The step counter: `_iterations` from Keras 3.5 on (`iterations` is then the count
+        # of updates), `iterations` itself before.
+        counter = getattr(self, "_iterations", None)
+        counter = self.iterations if counter is None else counter
         keras_vars = list(trainable_variables)
         tf_vars = [v.value if isinstance(v, backend.Variable) else v for v in keras_vars]
         accumulators = [
@@ -526,12 +530,12 @@ def _patch_gradient_accumulation(count_iteration: bool):
                     )
                 return tf.constant(False)
 
-            is_update_step = tf.equal((self.iterations.value + 1) % steps, 0)
+            is_update_step = tf.equal((counter.value + 1) % steps, 0)
             tf.cond(is_update_step, update, accumulate)
 
         context.merge_call(merge_fn, args=(accumulated, updates))
         if count_iteration:
-            self.iterations.assign_add(1)
+            counter.assign_add(1)
 
     tf_optimizer.TFOptimizer._backend_apply_gradients = _backend_apply_gradients
 
