@@ -293,13 +293,14 @@ METRICS_SUMMED = Fix(
         "Metric totals and counts are plain mirrored variables: each replica adds its own "
         "batch to its own copy, and the result reads one replica's."
     ),
-    upstream="keras-team/keras#19891 (the evaluate half; Keras 3.7 maps the aggregation)",
+    upstream="keras-team/keras#19891 (the evaluate half), keras-team/keras#20699",
     strategies=("mirrored", "multi_worker_mirrored"),
     consequence=(
-        "the loss and metrics that fit and evaluate report under a strategy count one "
-        "replica's examples only (no error; wrong numbers, different on each worker)."
+        "the loss and metrics that fit and evaluate report under a strategy are wrong (one "
+        "replica's examples only before Keras 3.7, every replica's running total summed again "
+        "on each update in 3.7-3.9); no error, and different numbers on each worker."
     ),
-    fixed_in="3.7",
+    fixed_in="3.10",
 )
 
 _CORE = "keras.src.backend.tensorflow.core"
@@ -328,9 +329,12 @@ def _patch_metric_variables(methods):
     # Keras before 3.7 creates every variable as a plain tf.Variable: the aggregation a metric
     # asks for ("sum", keras/src/metrics/metric.py add_variable) never reaches TensorFlow, so
     # under a strategy a metric's total and count are mirrored variables that each replica
-    # updates alone, and reading them gives one replica's share. tf_keras (and Keras 3.10 on)
-    # make them sync-on-read sums: each replica adds locally, a read sums the replicas. The
-    # fix creates "sum" variables that way under a strategy. Other variables: unchanged.
+    # updates alone, and reading them gives one replica's share. Keras 3.7-3.9 pass SUM on,
+    # but the variable stays on-write and Keras' assign_add is assign(self + value), so each
+    # update sums every replica's running total (keras-team/keras#20699). tf_keras (and Keras
+    # 3.10 on) make them sync-on-read sums: each replica adds locally, a read sums the
+    # replicas. The fix creates "sum" variables that way under mirrored and
+    # multi_worker_mirrored. Other variables: unchanged.
     import tensorflow as tf
     from keras.src.backend.tensorflow import core
 
