@@ -55,15 +55,18 @@ def turned_off(env: Optional[Mapping[str, str]] = None) -> set:
     return names
 
 
-def _status(fix: Fix, version, skip: set) -> FixStatus:
+def _status(fix: Fix, version, skip: set):
+    """(FixStatus, the variant to apply or None): the targets are checked once, here."""
     if _compat.uses_legacy_keras() and fix.library == "keras":
-        return FixStatus(fix.name, NOT_NEEDED, "tf_keras is in use: the bug is Keras 3's")
+        return FixStatus(fix.name, NOT_NEEDED, "tf_keras is in use: the bug is Keras 3's"), None
     if not fixes_enabled():
-        return FixStatus(fix.name, OFF, f"{settings.KERAS_FIXES.name}=0")
+        return FixStatus(fix.name, OFF, f"{settings.KERAS_FIXES.name}=0"), None
     if fix.name in skip:
-        return FixStatus(fix.name, OFF, f"{settings.KERAS_FIXES.name}=-{fix.name}")
-    state, reason, _ = fix.check(_tensorflow_version() if fix.library == "tensorflow" else version)
-    return FixStatus(fix.name, state, reason)
+        return FixStatus(fix.name, OFF, f"{settings.KERAS_FIXES.name}=-{fix.name}"), None
+    state, reason, variant = fix.check(
+        _tensorflow_version() if fix.library == "tensorflow" else version
+    )
+    return FixStatus(fix.name, state, reason), variant
 
 
 def _tensorflow_version():
@@ -81,7 +84,7 @@ def report() -> list:
     skip = turned_off()
     statuses = []
     for name, fix in FIXES.items():
-        status = _STATUS.get(name) or _status(fix, version, skip)
+        status = _STATUS.get(name) or _status(fix, version, skip)[0]
         if name not in _STATUS and status.state == APPLIED:  # not yet: make_strategy applies it
             status = FixStatus(name, APPLIES, status.reason)
         statuses.append(status)
@@ -114,11 +117,8 @@ def apply_fixes() -> list:
     for name, fix in FIXES.items():
         if name in _STATUS:
             continue
-        status = _status(fix, version, skip)
+        status, variant = _status(fix, version, skip)
         if status.state == APPLIED:
-            _, _, variant = fix.check(
-                _tensorflow_version() if fix.library == "tensorflow" else version
-            )
             try:
                 variant.apply()
             except Exception as err:  # an internal of an unforeseen shape: skip, never break
