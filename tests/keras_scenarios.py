@@ -12,11 +12,11 @@ import traceback
 
 import numpy as np
 
-from tfdist import _compat
+from tfdist import flavour
 
 
 def keras():
-    return _compat.keras()
+    return flavour.keras()
 
 
 def fix_state(name: str) -> str:
@@ -35,7 +35,7 @@ def fails_upstream(result: dict, fix: str, *texts: str) -> None:
     """
     from tfdist.fixes.record import NOT_NEEDED
 
-    where = f"Keras {_compat.keras_version()}"
+    where = f"Keras {flavour.keras_version()}"
     if fix_state(fix) == NOT_NEEDED:
         assert "ok" in result, (
             f"{fix} is 'not needed' on {where}, but the scenario fails without it: "

@@ -8,7 +8,7 @@ import concurrent.futures
 
 import pytest
 
-from tfdist import ClusterSpec, _compat, make_strategy
+from tfdist import ClusterSpec, flavour, make_strategy
 from tfdist.fixes.record import NOT_NEEDED
 from tfdist.testing import run_cluster
 
@@ -121,7 +121,7 @@ def test_steps_per_execution(strategy, elsewhere):
     if result["one_device_iterations"] != 20:
         # n/a: Keras 3.3-3.6 unroll steps_per_execution and run extra steps at the end of an
         # epoch on one device too (here: the upstream count on one device), not tfdist's to fix.
-        assert _compat.keras_version_tuple() < (3, 7)
+        assert flavour.keras_version_tuple() < (3, 7)
         return
     assert result["iterations"] == 20
     assert result["max_weight_difference"] < 1e-6

@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from tfdist import _compat
+from tfdist import flavour
 from tfdist.fixes.record import NOT_NEEDED
 from tfdist.testing import run_cluster
 
@@ -123,7 +123,7 @@ def test_gradient_accumulation_and_steps_per_execution(jobs):
         assert result["max_weight_difference"] < 1e-5
     first, second = both(jobs, "tfdist", "steps_per_execution")
     if first["one_device_iterations"] != 20:  # n/a on Keras 3.3-3.6: see test_keras_mirrored
-        assert _compat.keras_version_tuple() < (3, 7)
+        assert flavour.keras_version_tuple() < (3, 7)
         return
     for result in (first, second):
         assert result["iterations"] == 20 and result["max_weight_difference"] < 1e-6

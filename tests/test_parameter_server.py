@@ -144,11 +144,11 @@ def fixes_in_one_process(out_dir):
     import tensorflow as tf
 
     import tfdist
-    from tfdist import ClusterSpec, _compat
+    from tfdist import ClusterSpec, flavour
     from tfdist.fixes import apply_fixes
     from tfdist.strategy import start_local_servers
 
-    keras = _compat.keras()
+    keras = flavour.keras()
     spec = ClusterSpec.local(workers=3, ps=2, chief=True, task_type="chief")
     start_local_servers(spec)
     strategy = tfdist.make_strategy(

@@ -133,10 +133,10 @@ def ps_job(out_dir):
     import tensorflow as tf
 
     import tfdist
-    from tfdist import _compat
+    from tfdist import flavour
     from tfdist._coordinator import fit_parameter_server
 
-    keras = _compat.keras()
+    keras = flavour.keras()
     strategy = tfdist.make_strategy()
     with strategy.scope():
         model = _model(keras)
@@ -192,10 +192,10 @@ def worker_job(out_dir, checkpoint_path):
     import tensorflow as tf
 
     import tfdist
-    from tfdist import _compat
+    from tfdist import flavour
     from tfdist._coordinator import build_model, evaluate_parameter_server, fit_parameter_server
 
-    keras = _compat.keras()
+    keras = flavour.keras()
     strategy = tfdist.make_strategy()
     with strategy.scope():
         model = _model(keras)
@@ -355,7 +355,7 @@ def worker_lost(tmp_path_factory, ps_lost):
 def test_a_lost_ps_stops_training_within_seconds_with_an_error_naming_it(ps_lost):
     error = ps_lost["error"]
     assert error is not None, "fit went on without its ps"
-    assert error["type"] == "TaskUnavailableError" and error["module"] == "tfdist._coordinator"
+    assert error["type"] == "TaskUnavailableError" and error["module"] == "tfdist.errors"
     assert error["tasks"] == ["ps:0"]
     assert "ps:0" in error["message"] and "unreachable" in error["message"]
     assert "restore the last checkpoint" in error["message"]

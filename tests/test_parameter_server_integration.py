@@ -197,10 +197,10 @@ def keras3_job(out_dir):
     import tensorflow as tf
 
     import tfdist
-    from tfdist import _compat
+    from tfdist import flavour
     from tfdist._coordinator import evaluate_parameter_server, fit_parameter_server
 
-    keras = _compat.keras()
+    keras = flavour.keras()
     # "auto" in the chief of a job with ps tasks: parameter_server
     strategy = tfdist.make_strategy(variable_partitioner="min_size", min_shard_bytes=SHARD_BYTES)
     result = {"strategy": type(strategy).__name__, "keras": keras.__name__}
@@ -334,10 +334,10 @@ def resume_job(out_dir, dense, sharded_path):
     import tensorflow as tf
 
     import tfdist
-    from tfdist import _compat
+    from tfdist import flavour
     from tfdist._coordinator import build_model, fit_parameter_server
 
-    keras = _compat.keras()
+    keras = flavour.keras()
     strategy = tfdist.make_strategy("parameter_server")
     with strategy.scope():
         model = functional(keras, steps_per_execution=3)
@@ -376,10 +376,10 @@ def resume_job(out_dir, dense, sharded_path):
 
 def single_job(out_dir):
     import tfdist
-    from tfdist import _compat
+    from tfdist import flavour
     from tfdist._coordinator import fit_parameter_server
 
-    keras = _compat.keras()
+    keras = flavour.keras()
     strategy = tfdist.make_strategy()
     with strategy.scope():
         model = sequential(keras)
@@ -468,10 +468,10 @@ def _interrupted_and_resumed(keras, strategy, out_dir):
 
 def tf_keras_job():
     import tfdist
-    from tfdist import _compat
+    from tfdist import flavour
     from tfdist._coordinator import evaluate_parameter_server, fit_parameter_server
 
-    keras = _compat.keras()
+    keras = flavour.keras()
     strategy = tfdist.make_strategy()
     with strategy.scope():
         model = functional(keras, steps_per_execution=3)

@@ -590,10 +590,10 @@ TF_KERAS_SCRIPT = textwrap.dedent("""
     import json, warnings
     import numpy as np
     import tf_keras as keras
-    from tfdist import precision, _compat
+    from tfdist import flavour, precision
     from tfdist.data import scale_learning_rate
 
-    out = {"flavour": _compat.keras_flavour()}
+    out = {"flavour": flavour.keras_flavour()}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out["applied"] = precision.set_precision("mixed_float16")

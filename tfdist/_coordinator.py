@@ -42,7 +42,8 @@ import threading
 import time
 from typing import Callable, Dict, Optional
 
-from tfdist import _compat, settings
+from tfdist import flavour, settings
+from tfdist.errors import TaskUnavailableError, is_count
 
 __all__ = [
     "TaskUnavailableError",
@@ -101,7 +102,7 @@ def plan_groups(steps: int, steps_per_execution: int) -> list:
 
 
 def _count(name: str, value, *, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_count(value, minimum):
         kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ValueError(f"`{name}` must be {kind}. Received: {name}={value!r}.")
     return value
@@ -193,7 +194,7 @@ def _to_python(logs) -> dict:
 
 
 def _history(callbacks):
-    keras = _compat.keras()
+    keras = flavour.keras()
     for callback in callbacks.callbacks:
         if isinstance(callback, keras.callbacks.History):
             return callback
@@ -229,7 +230,7 @@ def build_model(model, strategy, dataset_fn: Optional[Callable] = None, *, sampl
         sample_batch: one batch (x, y[, sample_weight]) with the shapes and dtypes of the
             training data. Defaults to the first batch of `dataset_fn`.
     """
-    if _compat.uses_legacy_keras():
+    if flavour.uses_legacy_keras():
         _check_strategy(strategy)
         _tf_keras_prepare(model, strategy, dataset_fn, None, sample_batch)
         with strategy.scope():
@@ -250,19 +251,6 @@ def _build(model, strategy, dataset_fn, sample_batch, method: str) -> None:
 
 
 # ------------------------------------------------------------------------- lost tasks
-
-
-class TaskUnavailableError(RuntimeError):
-    """A task of the parameter-server job cannot be reached (its process died or hangs).
-
-    Attributes:
-        tasks: list of task names ("ps:0") found unreachable.
-        addresses: their "host:port" addresses.
-    """
-
-    def __init__(self, message: str, tasks=(), addresses=()):
-        super().__init__(message)
-        self.tasks, self.addresses = list(tasks), list(addresses)
 
 
 def _cluster_addresses(strategy, jobs) -> list:
@@ -376,7 +364,7 @@ def _has_batch_hooks(callbacks, mode: str) -> bool:
     """True when a callback does something per batch (so each group's logs must be read)."""
     from keras.src.utils.python_utils import is_default
 
-    keras = _compat.keras()
+    keras = flavour.keras()
     if type(callbacks) is not keras.callbacks.CallbackList:  # pylint: disable=unidiomatic-typecheck
         return True
     names = (
@@ -910,7 +898,7 @@ def fit_parameter_server(
         sample_batch=sample_batch,
     )
     with _naming_lost_tasks(strategy):
-        if _compat.uses_legacy_keras():
+        if flavour.uses_legacy_keras():
             return _fit_tf_keras(model, strategy, dataset_fn, **options)
         return _fit_keras3(model, strategy, dataset_fn, **options)
 
@@ -930,7 +918,7 @@ def _fit_keras3(
     initial_epoch,
     sample_batch,
 ):
-    keras = _compat.keras()
+    keras = flavour.keras()
     k = _steps_per_execution(model, steps_per_execution)
     coordinator = coordinator_for(strategy)
     _build(model, strategy, dataset_fn, sample_batch, "fit_parameter_server")
@@ -1029,7 +1017,7 @@ def evaluate_parameter_server(
         sample_batch=sample_batch,
     )
     with _naming_lost_tasks(strategy):
-        if _compat.uses_legacy_keras():
+        if flavour.uses_legacy_keras():
             return _evaluate_tf_keras(model, strategy, dataset_fn, **options)
         return _evaluate_keras3(model, strategy, dataset_fn, **options)
 
@@ -1046,7 +1034,7 @@ def _evaluate_keras3(
     return_dict,
     sample_batch,
 ):
-    keras = _compat.keras()
+    keras = flavour.keras()
     k = _steps_per_execution(model, steps_per_execution)
     coordinator = coordinator_for(strategy)
     _build(model, strategy, dataset_fn, sample_batch, "evaluate_parameter_server")
@@ -1258,7 +1246,7 @@ def _fit_tf_keras(
     initial_epoch,
     sample_batch,
 ):
-    keras = _compat.keras()
+    keras = flavour.keras()
     creator = keras.utils.experimental.DatasetCreator
     _tf_keras_prepare(model, strategy, dataset_fn, steps_per_execution, sample_batch)
     validation = None
@@ -1288,7 +1276,7 @@ def _evaluate_tf_keras(
     return_dict,
     sample_batch,
 ):
-    keras = _compat.keras()
+    keras = flavour.keras()
     _tf_keras_prepare(model, strategy, dataset_fn, steps_per_execution, sample_batch)
     return model.evaluate(
         keras.utils.experimental.DatasetCreator(_repeating("dataset_fn", dataset_fn)),

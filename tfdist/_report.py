@@ -71,9 +71,9 @@ def install() -> bool:
         if _INSTALLED:
             return True
         _INSTALLED = True
-    from tfdist import _compat
+    from tfdist import flavour
 
-    callback_list = _compat.keras().callbacks.CallbackList
+    callback_list = flavour.keras().callbacks.CallbackList
     begin, end = callback_list.on_train_begin, callback_list.on_train_end
 
     def on_train_begin(self, logs=None):

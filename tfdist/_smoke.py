@@ -88,13 +88,13 @@ def main(argv=None) -> None:
     import numpy as np
     import tensorflow as tf
 
-    from tfdist import _compat
+    from tfdist import flavour
 
     spec = tfdist.detect_cluster()
     value = float(spec.task_index + 1)
     total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(value)), axis=None)
     print(f"SMOKE allreduce={float(total):g}", flush=True)
-    keras = _compat.keras()
+    keras = flavour.keras()
     x = np.random.RandomState(0).rand(48, 4).astype("float32")
     y = x.sum(axis=1, keepdims=True)
     with strategy.scope():

@@ -168,10 +168,10 @@ def environment_report() -> dict:
     """What `tfdist env` prints: versions, devices, NCCL, cluster, the "auto" strategy."""
     import tensorflow as tf
 
-    from tfdist import _compat
+    from tfdist import flavour
     from tfdist.strategy import local_devices, resolve_strategy_name
 
-    report = dict(_compat.versions())
+    report = dict(flavour.versions())
     report["python"] = sys.version.split()[0]
     report["releases"] = release_report(report)
     report["physical_devices"] = [d.name for d in tf.config.list_physical_devices()]

@@ -17,6 +17,8 @@ import threading
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
+from tfdist.errors import ClusterConfigError, is_count, is_int
+
 __all__ = ["ClusterConfigError", "ClusterSpec", "JOB_NAMES", "free_ports"]
 
 # The jobs TensorFlow's strategies understand, in the order TF_CONFIG lists them.
@@ -28,13 +30,6 @@ _HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(?P<por
 # name -> cluster_spec(env, **options) of the environments that build specs from a scheduler's
 # variables (filled by tfdist.environments).
 _ENVIRONMENT_READERS: dict = {}
-
-
-class ClusterConfigError(ValueError):
-    """A cluster description (TF_CONFIG, host lists, SLURM variables) is invalid.
-
-    The message quotes the offending value, says what was expected, and how to fix it.
-    """
 
 
 def _parse_address(address: Any, where: str) -> str:
@@ -59,7 +54,7 @@ def _parse_address(address: Any, where: str) -> str:
 
 
 def _parse_index(index: Any, where: str) -> int:
-    if isinstance(index, bool) or not isinstance(index, int):
+    if not is_int(index):
         if isinstance(index, str) and index.strip().isascii() and index.strip().isdigit():
             return int(index)
         raise ClusterConfigError(
@@ -171,7 +166,7 @@ def free_ports(n: int) -> list:
     A port is never returned twice by one process, so concurrently built local clusters do
     not collide. TensorFlow's gRPC server binds all interfaces, so the check does too.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+    if not is_count(n):
         raise ValueError(f"free_ports(n) needs a non-negative integer. Received: n={n!r}.")
     ports: list = []
     held = []
@@ -391,7 +386,7 @@ class ClusterSpec:
             host: str. The loopback address. Defaults to "127.0.0.1".
         """
         for name, value in (("workers", workers), ("ps", ps)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_count(value):
                 raise ClusterConfigError(
                     f"local() needs a non-negative integer for {name}. Received: {name}={value!r}."
                 )

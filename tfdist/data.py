@@ -28,6 +28,8 @@ import threading
 import warnings
 from typing import Callable, Optional, Tuple
 
+from tfdist.errors import is_count, is_int
+
 __all__ = [
     "dataset_fn_for",
     "distribute_dataset",
@@ -100,7 +102,7 @@ def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:
         ValueError: a value < 1, or a global batch the replica count does not divide.
     """
     for name, value in (("global_batch_size", global_batch_size), ("num_replicas", num_replicas)):
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not is_int(value):
             raise TypeError(
                 f"{name} must be an int. Received: {name}={value!r} (of type "
                 f"{type(value).__name__})."
@@ -782,15 +784,15 @@ _SCHEDULE_CLASSES: dict = {}
 
 def _schedule_class():
     """The warmup schedule class, subclassing the LearningRateSchedule of the Keras in use."""
-    from tfdist import _compat
+    from tfdist import flavour
 
-    keras = _compat.keras()
+    keras = flavour.keras()
     key = keras.__name__
     if key in _SCHEDULE_CLASSES:
         return _SCHEDULE_CLASSES[key]
     import tensorflow as tf
 
-    if _compat.uses_legacy_keras():
+    if flavour.uses_legacy_keras():
         register = keras.utils.register_keras_serializable(package="tfdist")
     else:
         register = keras.saving.register_keras_serializable(package="tfdist")
@@ -879,12 +881,12 @@ def scale_learning_rate(base_lr, num_replicas, *, warmup_steps: int = 0, name=No
     ```
     """
     replicas = getattr(num_replicas, "num_replicas_in_sync", num_replicas)
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+    if not is_count(replicas, 1):
         raise ValueError(
             f"num_replicas must be a positive int or a strategy. Received: "
             f"num_replicas={num_replicas!r}."
         )
-    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+    if not is_count(warmup_steps):
         raise ValueError(
             f"warmup_steps must be an int >= 0. Received: warmup_steps={warmup_steps!r}."
         )

@@ -30,6 +30,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, TextIO
 
 from tfdist import _report, settings
 from tfdist.cluster import ClusterSpec
+from tfdist.errors import is_count
 
 __all__ = ["JobFailed", "JobResult", "TaskPlan", "TaskResult", "launch", "plan_job", "run_job"]
 
@@ -386,7 +387,7 @@ def launch(
     Returns:
         dict: task name ("worker:0") -> exit code of the last attempt.
     """
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+    if not is_count(max_restarts):
         raise ValueError(
             f"max_restarts must be a non-negative integer. Received: {max_restarts!r}."
         )

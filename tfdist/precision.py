@@ -6,7 +6,7 @@
         ...
 
 Policy names are Keras's own ("float32", "mixed_float16", "mixed_bfloat16") plus "auto". They
-apply to the Keras in use (Keras 3, or tf_keras with TF_USE_LEGACY_KERAS=1; see `_compat`).
+apply to the Keras in use (Keras 3, or tf_keras with TF_USE_LEGACY_KERAS=1; see `tfdist.flavour`).
 Set the policy *before* building the model: layers read the global policy when constructed.
 
 Loss scaling (needed for mixed_float16 only) happens exactly once:
@@ -30,7 +30,7 @@ import threading
 import warnings
 from typing import Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
-from tfdist import _compat
+from tfdist import flavour
 
 __all__ = [
     "POLICIES",
@@ -299,12 +299,12 @@ def _set_precision(policy, devices, stacklevel: int) -> str:
 
 
 def _apply(name: str) -> None:
-    _compat.keras().mixed_precision.set_global_policy(name)
+    flavour.keras().mixed_precision.set_global_policy(name)
 
 
 def current_policy() -> str:
     """The name of the global Keras dtype policy now in force."""
-    return _compat.keras().mixed_precision.global_policy().name
+    return flavour.keras().mixed_precision.global_policy().name
 
 
 @contextlib.contextmanager
@@ -322,12 +322,12 @@ def precision_scope(policy: str, *, devices: Optional[Sequence[str]] = None) -> 
     Yields:
         str: the Keras policy name applied.
     """
-    previous = _compat.keras().mixed_precision.global_policy()
+    previous = flavour.keras().mixed_precision.global_policy()
     try:
         # stacklevel: _set_precision <- precision_scope <- contextlib __enter__ <- the caller
         yield _set_precision(policy, devices, stacklevel=5)
     finally:
-        _compat.keras().mixed_precision.set_global_policy(previous)
+        flavour.keras().mixed_precision.set_global_policy(previous)
 
 
 # ------------------------------------------------------------------------- model checks
@@ -393,8 +393,8 @@ def check_model_outputs(model) -> list:
 
 
 def _loss_scale_classes() -> tuple:
-    keras = _compat.keras()
-    if _compat.uses_legacy_keras():
+    keras = flavour.keras()
+    if flavour.uses_legacy_keras():
         from tf_keras.src.mixed_precision import loss_scale_optimizer as lso
 
         return (lso.BaseLossScaleOptimizer,)
@@ -421,7 +421,7 @@ def wrap_optimizer(optimizer, *, policy: Optional[str] = None):
     Returns:
         The optimizer itself, or a LossScaleOptimizer wrapping it.
     """
-    keras = _compat.keras()
+    keras = flavour.keras()
     optimizer = keras.optimizers.get(optimizer)
     name = policy if policy is not None else current_policy()
     if name != "mixed_float16" or is_loss_scaled(optimizer):
@@ -433,7 +433,7 @@ def scale_loss(optimizer, loss):
     """The loss to differentiate in a custom loop: scaled when `optimizer` scales the loss."""
     if not is_loss_scaled(optimizer):
         return loss
-    if _compat.uses_legacy_keras():
+    if flavour.uses_legacy_keras():
         return optimizer.get_scaled_loss(loss)
     return optimizer.scale_loss(loss)
 
@@ -446,7 +446,7 @@ def apply_gradients(optimizer, gradients, variables) -> None:
     Call it in replica context (inside `strategy.run`), like `optimizer.apply_gradients`.
     """
     gradients, variables = list(gradients), list(variables)
-    if _compat.uses_legacy_keras():
+    if flavour.uses_legacy_keras():
         if is_loss_scaled(optimizer):
             gradients = optimizer.get_unscaled_gradients(gradients)
         optimizer.apply_gradients(zip(gradients, variables))

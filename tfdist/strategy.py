@@ -18,6 +18,7 @@ from typing import Callable, Dict, Mapping, Optional, Sequence
 from tfdist import settings
 from tfdist.cluster import ClusterConfigError, ClusterSpec
 from tfdist.environments import detect_cluster
+from tfdist.errors import is_count
 
 __all__ = [
     "COMMUNICATIONS",
@@ -129,7 +130,7 @@ def virtual_cpus(n: int) -> list:
     """
     import tensorflow as tf
 
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    if not is_count(n, 1):
         raise ValueError(f"virtual_cpus(n) needs a positive integer. Received: n={n!r}.")
     names = [f"/cpu:{i}" for i in range(n)]
     cpu = tf.config.list_physical_devices("CPU")[0]
@@ -496,9 +497,9 @@ def _build_multi_worker(
         _MWMS_CACHE[key] = strategy
         if resolver is not None:
             _register_exit_barrier()
-            from tfdist import _compat
+            from tfdist import flavour
 
-            _compat.quiet_progress_off_the_chief(cluster.is_chief)
+            flavour.quiet_progress_off_the_chief(cluster.is_chief)
         return strategy
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from tfdist import _compat
 from tfdist import data as data_lib
-from tfdist._coordinator import TaskUnavailableError
+from tfdist import flavour
 from tfdist.environments import detect_cluster
+from tfdist.errors import TaskUnavailableError, is_count
 
 __all__ = ["TaskUnavailableError", "evaluate", "fit"]
 
@@ -109,7 +109,7 @@ def fit(
 
     if strategy is None:
         strategy = make_strategy()  # in a parameter-server job's worker/ps tasks: serves
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+    if not is_count(epochs, 1):
         raise ValueError(f"epochs must be a positive integer. Received: epochs={epochs!r}.")
     model = _build(build_model, strategy)
     verbose = _chief_verbose(verbose)
@@ -159,7 +159,7 @@ def fit(
         # (a pass may end inside an epoch; nothing runs out). tf_keras needs the step counts
         # of a distributed dataset, so they are given to it whenever they are known.
         one_pass = data_lib.steps_per_pass(data, global_batch_size)
-        legacy = _compat.uses_legacy_keras()
+        legacy = flavour.uses_legacy_keras()
         if steps_per_epoch is None and legacy:
             steps_per_epoch = one_pass
         repeat = steps_per_epoch is not None and one_pass is not None
@@ -233,7 +233,7 @@ def evaluate(
             model, strategy, dataset_fn, steps=steps, verbose=verbose, return_dict=return_dict
         )
     dataset = data_lib.distribute_dataset(data, strategy, global_batch_size)
-    if steps is None and _compat.uses_legacy_keras():  # tf_keras needs it for this dataset
+    if steps is None and flavour.uses_legacy_keras():  # tf_keras needs it for this dataset
         steps = data_lib.steps_per_pass(data, global_batch_size)
     return model.evaluate(dataset, steps=steps, verbose=verbose, return_dict=return_dict)
 

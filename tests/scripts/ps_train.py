@@ -32,9 +32,9 @@ def _record(out_dir, name, payload):
 
 
 def build_model():
-    from tfdist import _compat
+    from tfdist import flavour
 
-    keras = _compat.keras()
+    keras = flavour.keras()
     model = keras.Sequential(
         [
             keras.Input((FEATURES,)),

@@ -20,9 +20,9 @@ def main(directory, kill_in_epoch=None):
     strategy = tfdist.make_strategy()
     import tensorflow as tf
 
-    from tfdist import _compat
+    from tfdist import flavour
 
-    keras = _compat.keras()
+    keras = flavour.keras()
     spec = tfdist.detect_cluster()
     rng = np.random.RandomState(0)
     x = rng.rand(96, 4).astype("float32")

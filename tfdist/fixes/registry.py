@@ -8,7 +8,7 @@ applying anything, for `tfdist env` and `tfdist doctor`.
 
 Opt out: TFDIST_KERAS_FIXES=0 (all), or a comma list of "-name" to skip single fixes.
 
-May import: tfdist._compat, tfdist.releases, tfdist.fixes.* (the area modules).
+May import: tfdist.flavour, tfdist.releases, tfdist.fixes.* (the area modules).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import warnings
 from typing import Mapping, Optional
 
-from tfdist import _compat, releases, settings
+from tfdist import flavour, releases, settings
 from tfdist.fixes import callbacks, multi_worker, parameter_server, replicas, tensorflow
 from tfdist.fixes.record import (
     APPLIED,
@@ -57,7 +57,7 @@ def turned_off(env: Optional[Mapping[str, str]] = None) -> set:
 
 def _status(fix: Fix, version, skip: set):
     """(FixStatus, the variant to apply or None): the targets are checked once, here."""
-    if _compat.uses_legacy_keras() and fix.library == "keras":
+    if flavour.uses_legacy_keras() and fix.library == "keras":
         return FixStatus(fix.name, NOT_NEEDED, "tf_keras is in use: the bug is Keras 3's"), None
     if not fixes_enabled():
         return FixStatus(fix.name, OFF, f"{settings.KERAS_FIXES.name}=0"), None
@@ -80,7 +80,7 @@ def report() -> list:
 
     The TensorFlow internals tfdist reads come last, as "found" or "missing".
     """
-    version = _compat.keras_version_tuple()
+    version = flavour.keras_version_tuple()
     skip = turned_off()
     statuses = []
     for name, fix in FIXES.items():
@@ -100,7 +100,7 @@ def _where(fix: Fix) -> str:
         import tensorflow as tf
 
         return f"TensorFlow {tf.__version__}"
-    return f"Keras {_compat.keras_version()}"
+    return f"Keras {flavour.keras_version()}"
 
 
 def apply_fixes() -> list:
@@ -111,8 +111,8 @@ def apply_fixes() -> list:
     """
     import tensorflow as tf
 
-    releases.warn_if_untested(tf.__version__, _compat.keras_version(), _compat.keras_flavour())
-    version = _compat.keras_version_tuple()
+    releases.warn_if_untested(tf.__version__, flavour.keras_version(), flavour.keras_flavour())
+    version = flavour.keras_version_tuple()
     skip = turned_off()
     for name, fix in FIXES.items():
         if name in _STATUS:
