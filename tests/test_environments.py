@@ -11,9 +11,10 @@ import types
 
 import pytest
 
-from tfdist.cluster import ClusterConfigError, ClusterSpec
-from tfdist.environments import (
+from tfdist.cluster import (
     DETECTION_ORDER,
+    ClusterConfigError,
+    ClusterSpec,
     LocalEnvironment,
     SlurmEnvironment,
     TFConfigEnvironment,

@@ -12,8 +12,7 @@
 devices and collectives can still be configured after it.
 """
 
-from tfdist.cluster import ClusterConfigError, ClusterSpec
-from tfdist.environments import detect_cluster
+from tfdist.cluster import ClusterConfigError, ClusterSpec, detect_cluster
 
 __version__ = "0.1.0"
 

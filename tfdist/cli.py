@@ -20,8 +20,7 @@ import sys
 from typing import List, Mapping, Optional, Sequence
 
 from tfdist import settings
-from tfdist.cluster import ClusterConfigError, ClusterSpec
-from tfdist.environments import detect_cluster, detect_environment
+from tfdist.cluster import ClusterConfigError, ClusterSpec, detect_cluster, detect_environment
 from tfdist.strategy import STRATEGY_NAMES
 
 

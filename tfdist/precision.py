@@ -190,8 +190,7 @@ def auto_precision(devices: Optional[Sequence[str]] = None) -> dict:
 
 
 def _is_chief() -> bool:
-    from tfdist.cluster import ClusterConfigError
-    from tfdist.environments import detect_cluster
+    from tfdist.cluster import ClusterConfigError, detect_cluster
 
     try:
         return detect_cluster().is_chief

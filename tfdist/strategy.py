@@ -16,8 +16,7 @@ import threading
 from typing import Callable, Dict, Mapping, Optional, Sequence
 
 from tfdist import settings
-from tfdist.cluster import ClusterConfigError, ClusterSpec
-from tfdist.environments import detect_cluster
+from tfdist.cluster import ClusterConfigError, ClusterSpec, detect_cluster
 from tfdist.errors import is_count
 
 __all__ = [

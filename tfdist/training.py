@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from tfdist import data as data_lib
 from tfdist import flavour
-from tfdist.environments import detect_cluster
+from tfdist.cluster import detect_cluster
 from tfdist.errors import TaskUnavailableError, is_count
 
 __all__ = ["TaskUnavailableError", "evaluate", "fit"]

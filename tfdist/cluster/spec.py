@@ -28,7 +28,7 @@ _HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(?P<por
 
 
 # name -> cluster_spec(env, **options) of the environments that build specs from a scheduler's
-# variables (filled by tfdist.environments).
+# variables (filled by tfdist.cluster.slurm).
 _ENVIRONMENT_READERS: dict = {}
 
 
@@ -415,10 +415,10 @@ class ClusterSpec:
     ) -> "ClusterSpec":
         """Builds a spec from the variables of a SLURM `srun` step.
 
-        See `tfdist.environments.SlurmEnvironment` for the variables read and the task layout.
+        See `tfdist.cluster.slurm.SlurmEnvironment` for the variables read and the task layout.
         """
-        # tfdist.environments (imported by `import tfdist`, before this module is usable)
-        # registers its reader here, so the spec does not import the environments above it.
+        # tfdist.cluster.slurm (imported with the tfdist.cluster package, before this module is
+        # usable) registers its reader here, so the spec does not import the environments.
         return _ENVIRONMENT_READERS["slurm"](env, num_ps=num_ps, port=port)
 
     def replace_task(self, task_type: str, task_index: int = 0) -> "ClusterSpec":

@@ -1,13 +1,10 @@
-"""Cluster detection: which launcher started this process, and what is its cluster?
+"""SLURM: the cluster of a task of an `srun` step, from SLURM's variables.
 
-Each environment reads a mapping (default `os.environ`) and never writes it:
+`SlurmEnvironment` implements the `tfdist.cluster.environments.Environment` protocol; its node
+list and tasks-per-node parsers (`expand_nodelist`, `expand_tasks_per_node`) are public, for
+batch scripts that need the hosts themselves.
 
-- `TFConfigEnvironment`: the TF_CONFIG variable (hand-written scripts, `tfdist launch`, and
-  Kubeflow TFJob pods, which get TF_CONFIG from the operator).
-- `SlurmEnvironment`: the variables of a SLURM `srun` step.
-- `LocalEnvironment`: a single process with no cluster.
-
-`detect_cluster(env)` tries them in the order of `DETECTION_ORDER`.
+Imports the spec, tfdist.errors and tfdist.settings; never TensorFlow.
 """
 
 from __future__ import annotations
@@ -16,38 +13,12 @@ import os
 import re
 from typing import List, Mapping, Optional
 
-from tfdist import cluster as _cluster
 from tfdist import settings
-from tfdist.cluster import ClusterConfigError, ClusterSpec
+from tfdist.cluster import spec
+from tfdist.cluster.spec import ClusterSpec
+from tfdist.errors import ClusterConfigError
 
-__all__ = [
-    "DETECTION_ORDER",
-    "LocalEnvironment",
-    "SlurmEnvironment",
-    "TFConfigEnvironment",
-    "detect_cluster",
-    "detect_environment",
-    "expand_nodelist",
-    "expand_tasks_per_node",
-]
-
-
-def _env(env: Optional[Mapping[str, str]]) -> Mapping[str, str]:
-    return os.environ if env is None else env
-
-
-class TFConfigEnvironment:
-    """TF_CONFIG set in the environment: the explicit contract of a TensorFlow job."""
-
-    name = "tf_config"
-
-    @staticmethod
-    def detect(env: Optional[Mapping[str, str]] = None) -> bool:
-        return bool(_env(env).get("TF_CONFIG", "").strip())
-
-    @staticmethod
-    def cluster_spec(env: Optional[Mapping[str, str]] = None) -> ClusterSpec:
-        return ClusterSpec.from_tf_config(_env(env).get("TF_CONFIG", ""))
+__all__ = ["SlurmEnvironment", "expand_nodelist", "expand_tasks_per_node"]
 
 
 class SlurmEnvironment:
@@ -75,7 +46,7 @@ class SlurmEnvironment:
 
     @classmethod
     def detect(cls, env: Optional[Mapping[str, str]] = None) -> bool:
-        env = _env(env)
+        env = os.environ if env is None else env
         in_step = "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
         interactive = env.get("SLURM_JOB_NAME", "") in cls._INTERACTIVE_JOB_NAMES
         return in_step and not interactive
@@ -87,7 +58,7 @@ class SlurmEnvironment:
         num_ps: Optional[int] = None,
         port: Optional[int] = None,
     ) -> ClusterSpec:
-        env = _env(env)
+        env = os.environ if env is None else env
         rank = _int_var(env, "SLURM_PROCID")
         ntasks = _int_var(env, "SLURM_STEP_NUM_TASKS", fallback="SLURM_NTASKS")
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
@@ -166,49 +137,7 @@ class SlurmEnvironment:
         return ClusterSpec(cluster, task_type, task_index)
 
 
-_cluster._ENVIRONMENT_READERS["slurm"] = SlurmEnvironment.cluster_spec
-
-
-class LocalEnvironment:
-    """No launcher: a single process (which may still have several local devices)."""
-
-    name = "local"
-
-    @staticmethod
-    def detect(env: Optional[Mapping[str, str]] = None) -> bool:
-        return True
-
-    @staticmethod
-    def cluster_spec(env: Optional[Mapping[str, str]] = None) -> ClusterSpec:
-        return ClusterSpec({})
-
-
-# TF_CONFIG first: it is the explicit contract, and what Kubeflow TFJob pods get (a TFJob may
-# even run inside a SLURM-managed node). SLURM next, only inside an srun step. Else one process.
-DETECTION_ORDER = (TFConfigEnvironment, SlurmEnvironment, LocalEnvironment)
-
-
-def detect_environment(env: Optional[Mapping[str, str]] = None):
-    """Returns the first environment class of `DETECTION_ORDER` that detects itself."""
-    for environment in DETECTION_ORDER:
-        if environment.detect(env):
-            return environment
-    raise AssertionError("LocalEnvironment always detects")  # pragma: no cover
-
-
-def detect_cluster(env: Optional[Mapping[str, str]] = None) -> ClusterSpec:
-    """Returns the `ClusterSpec` of this process, read from `env` (default `os.environ`).
-
-    Priority: TF_CONFIG, then a SLURM srun step, then a single local process. The mapping is
-    only read, never written.
-
-    Raises:
-        ClusterConfigError: the detected environment describes an invalid cluster.
-    """
-    return detect_environment(env).cluster_spec(env)
-
-
-# ---------------------------------------------------------------------------------- SLURM
+spec._ENVIRONMENT_READERS["slurm"] = SlurmEnvironment.cluster_spec
 
 
 def expand_nodelist(nodelist: str) -> List[str]:
