@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 import tfdist
-from tfdist.cli import environment_report
+from tfdist.launcher.cli import environment_report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from tfdist.cli import main
 from tfdist.cluster import ClusterSpec
+from tfdist.launcher.cli import main
 
 TIMEOUT = 120
 

@@ -208,7 +208,7 @@ def test_sigterm_to_the_launcher_leaves_no_orphans(tmp_path):
 
 
 def test_cli_dry_run_and_bad_input(tmp_path, capsys):
-    from tfdist.cli import main
+    from tfdist.launcher.cli import main
 
     script = _script(tmp_path, "print('hi')\n")
     assert (
@@ -257,7 +257,7 @@ def test_parameter_server_job_servers_stop_when_the_chief_is_done(tmp_path):
 
 
 def test_the_summary_gives_steps_per_second_for_tasks_that_trained():
-    from tfdist.launcher import JobResult, TaskResult, summary
+    from tfdist.launcher.job import JobResult, TaskResult, summary
 
     result = JobResult(
         "done",
@@ -277,7 +277,7 @@ def test_the_summary_gives_steps_per_second_for_tasks_that_trained():
 
 
 def test_a_report_is_read_only_when_a_fit_ended(tmp_path):
-    from tfdist import _report
+    from tfdist.launcher import report as _report
 
     path = tmp_path / "task.json"
     assert _report.read(str(path)) is None  # never written (a server, a script without fit)

@@ -283,8 +283,9 @@ def worker_job(out_dir, checkpoint_path):
 def _run_job(fn, out_dir, *args):
     """Runs `fn(out_dir, *args)` on the chief of a 2-worker, 1-ps job; returns its value.
 
-    The chief runs tfdist's own child (`python -m tfdist._run`, as `run_cluster` does); the
-    server tasks run the launcher's `python -m tfdist serve` inside `_SERVER_WRAPPER`.
+    The chief runs tfdist's own child (`python -m tfdist.launcher.run_function`, as
+    `run_cluster` does); the server tasks run the launcher's `python -m tfdist serve` inside
+    `_SERVER_WRAPPER`.
     """
     from tfdist.testing import _reference
 
@@ -294,7 +295,7 @@ def _run_job(fn, out_dir, *args):
         pickle.dump(((str(out_dir),) + args, {}), f)
     paths = [os.path.dirname(source)] + [p for p in sys.path if p and os.path.isdir(p)]
     plans = plan_job(
-        "tfdist._run",
+        "tfdist.launcher.run_function",
         [module, qualname, source, call_file, str(out_dir)],
         workers=2,
         ps=1,

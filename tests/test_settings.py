@@ -111,9 +111,9 @@ def test_get_reads_os_environ_by_default(monkeypatch):
 
 
 def test_the_strategy_names_are_those_of_make_strategy():
-    from tfdist import strategy
+    from tfdist.strategy import registry
 
-    assert settings._STRATEGY_NAMES == strategy.STRATEGY_NAMES + tuple(strategy._ALIASES)
+    assert settings._STRATEGY_NAMES == registry.CLI_CHOICES
 
 
 def test_the_fix_functions_read_the_setting():

@@ -127,17 +127,20 @@ def test_mirrored_cross_device_ops(communication, devices, cls):
 
 
 @pytest.mark.parametrize(
-    "strategy_fn",
+    "strategy_fn, choices",
     [
-        lambda: collective_options("nccl", CPU4),
-        lambda: mirrored_cross_device_ops("nccl", ["/gpu:0", "/cpu:0"]),
+        (lambda: collective_options("nccl", CPU4), "'auto' or 'ring'"),
+        (
+            lambda: mirrored_cross_device_ops("nccl", ["/gpu:0", "/cpu:0"]),
+            "'auto' or 'hierarchical_copy' or 'reduce_to_one_device'",
+        ),
     ],
 )
-def test_nccl_without_gpus_is_a_clear_error(strategy_fn):
+def test_nccl_without_gpus_is_a_clear_error_naming_what_the_strategy_accepts(strategy_fn, choices):
     with pytest.raises(
         ValueError,
         match=r"communication='nccl' needs every replica on a GPU, "
-        r"but .* would run on \[.*'/cpu:0'.*\]\. HINT: use communication='ring'",
+        rf"but .* would run on \[.*'/cpu:0'.*\]\. HINT: use communication={choices} \(",
     ):
         strategy_fn()
 
@@ -263,7 +266,7 @@ def test_multi_worker_after_initialisation_is_refused_with_the_fix(virtual_cpus)
 
 
 def test_parameter_server_partitioner_strings():
-    from tfdist.strategy import _partitioner
+    from tfdist.strategy.builders import _partitioner
 
     partitioners = tf.distribute.experimental.partitioners
     p = _partitioner("min_size", 2, min_shard_bytes=1024)

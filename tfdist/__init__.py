@@ -33,7 +33,7 @@ _LAZY = {
     "TaskUnavailableError": "tfdist.training",
     "distribute_dataset": "tfdist.data",
     "scale_learning_rate": "tfdist.data",
-    "launch": "tfdist.launcher",
+    "launch": "tfdist.launcher.job",
 }
 
 __all__ = ["ClusterConfigError", "ClusterSpec", "detect_cluster", "__version__", *_LAZY]

@@ -29,7 +29,7 @@ import pytest
 
 from tfdist import settings
 from tfdist.cluster import free_ports as _free_ports
-from tfdist.launcher import JobResult, plan_job, run_job
+from tfdist.launcher.job import JobResult, plan_job, run_job
 
 __all__ = ["ClusterRunError", "TaskRun", "is_running", "run_cluster"]
 
@@ -123,7 +123,7 @@ def run_cluster(
         extra = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
         extra.update(env or {})
         plans = plan_job(
-            "tfdist._run",
+            "tfdist.launcher.run_function",
             [module, qualname, source, call_file, tmp],
             workers=workers,
             ps=ps,

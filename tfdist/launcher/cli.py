@@ -21,7 +21,7 @@ from typing import List, Mapping, Optional, Sequence
 
 from tfdist import settings
 from tfdist.cluster import ClusterConfigError, ClusterSpec, detect_cluster, detect_environment
-from tfdist.strategy import STRATEGY_NAMES
+from tfdist.strategy.registry import CLI_CHOICES
 
 
 def _hosts(values: Optional[List[str]]) -> List[str]:
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     lau.add_argument("--evaluator", action="store_true", help="add an evaluator task")
     lau.add_argument(
         "--strategy",
-        choices=STRATEGY_NAMES + ("off",),
+        choices=CLI_CHOICES,
         help="strategy name for tfdist.make_strategy() (sets TFDIST_STRATEGY)",
     )
     lau.add_argument(
@@ -271,7 +271,7 @@ def _cmd_env(args) -> int:
 
 
 def _cmd_launch(args) -> int:
-    from tfdist.launcher import launch, plan_job
+    from tfdist.launcher.job import launch, plan_job
 
     script_args = list(args.args)
     if script_args[:1] == ["--"]:
@@ -383,7 +383,7 @@ def smoke_verdict(result) -> List[str]:
     return failures
 
 
-# The doctor's scenarios (tfdist/_smoke.py) and the fixes each one exercises.
+# The doctor's scenarios (tfdist/launcher/smoke_job.py) and the fixes each one exercises.
 SCENARIO_FIXES = {
     "fit_on_a_dataset": (
         "symbolic_build_from_a_local_batch",
@@ -409,7 +409,7 @@ def _cmd_doctor(args) -> int:
     import tempfile
     import time
 
-    from tfdist.launcher import plan_job, run_job
+    from tfdist.launcher.job import plan_job, run_job
 
     report = environment_report()
     _cmd_env(argparse.Namespace(json=False))
@@ -426,7 +426,9 @@ def _cmd_doctor(args) -> int:
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", settings.STRATEGY.name: "multi_worker_mirrored"}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tfdist-doctor-") as directory:
-        plans = plan_job("tfdist._smoke", [directory], module=True, workers=2, extra_env=env)
+        plans = plan_job(
+            "tfdist.launcher.smoke_job", [directory], module=True, workers=2, extra_env=env
+        )
         result = run_job(plans, timeout=args.timeout, quiet=True, grace=3.0)
     failures = smoke_verdict(result)
     for failure in failures:

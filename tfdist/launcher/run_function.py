@@ -1,6 +1,6 @@
 """Child side of `tfdist.testing.run_cluster`: run one function in this task, save its result.
 
-python -m tfdist._run MODULE QUALNAME SOURCE_FILE CALL_FILE RESULT_DIR
+python -m tfdist.launcher.run_function MODULE QUALNAME SOURCE_FILE CALL_FILE RESULT_DIR
 """
 
 from __future__ import annotations

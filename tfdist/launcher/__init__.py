@@ -1,0 +1,23 @@
+"""Local jobs: run a script as a multi-process TensorFlow job on loopback, and the `tfdist` command.
+
+- `job`: `plan_job` (pure: the cluster and each task's command and TF_CONFIG), `run_job` (the
+  processes, their output, stopping them all), `launch` (both, with restarts).
+- `report`: what each task trained, for the launcher's summary line.
+- `cli`: the `tfdist` command (env, tf-config, launch, serve, doctor).
+- `smoke_job`: the 2-process job `tfdist doctor` runs.
+- `run_function`: the child side of `tfdist.testing.run_cluster` (one function in one task).
+
+Nothing here imports TensorFlow at import time.
+"""
+
+from tfdist.launcher.job import (
+    JobFailed,
+    JobResult,
+    TaskPlan,
+    TaskResult,
+    launch,
+    plan_job,
+    run_job,
+)
+
+__all__ = ["JobFailed", "JobResult", "TaskPlan", "TaskResult", "launch", "plan_job", "run_job"]

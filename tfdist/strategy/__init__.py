@@ -1,0 +1,37 @@
+"""Strategies: one name -> one real `tf.distribute.Strategy`, and what it runs on.
+
+- `registry`: one record per strategy (name, aliases, communication choices, options, builder);
+  every list of strategy names in tfdist derives from it.
+- `factory`: `make_strategy` and the pure `resolve_strategy_name` ("auto").
+- `devices`: local GPUs or logical CPUs (`virtual_cpus`).
+- `communication`: the `communication=` vocabulary and the TensorFlow options it becomes.
+- `builders`: one device, mirrored, default, parameter-server strategies.
+- `multi_worker`: MultiWorkerMirroredStrategy, once per process, and its exit barrier.
+- `servers`: the worker and ps servers of a parameter-server job.
+
+Nothing here imports TensorFlow at import time.
+"""
+
+from tfdist.strategy.communication import collective_options, mirrored_cross_device_ops
+from tfdist.strategy.devices import local_devices, runtime_initialized, virtual_cpus
+from tfdist.strategy.factory import make_strategy, resolve_strategy_name
+from tfdist.strategy.multi_worker import exit_barrier
+from tfdist.strategy.registry import COMMUNICATIONS, STRATEGIES, STRATEGY_NAMES
+from tfdist.strategy.servers import serve, server_config, start_local_servers
+
+__all__ = [
+    "COMMUNICATIONS",
+    "STRATEGIES",
+    "STRATEGY_NAMES",
+    "collective_options",
+    "exit_barrier",
+    "local_devices",
+    "make_strategy",
+    "mirrored_cross_device_ops",
+    "resolve_strategy_name",
+    "runtime_initialized",
+    "serve",
+    "server_config",
+    "start_local_servers",
+    "virtual_cpus",
+]

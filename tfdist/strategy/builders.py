@@ -1,0 +1,127 @@
+"""Building each single-process strategy, and the parameter-server strategy, from checked
+arguments. `tfdist.strategy.registry` names them; `make_strategy` validates the arguments first.
+
+Each builder takes keyword arguments: cluster, devices (as given, or None), found (the local
+devices), communication (already checked for the strategy), and the strategy's own options.
+Imports the sibling modules communication and servers (and TensorFlow inside functions).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Dict
+
+from tfdist.strategy.communication import mirrored_cross_device_ops
+from tfdist.strategy.servers import serve
+
+__all__ = ["build_default", "build_mirrored", "build_one_device", "build_parameter_server"]
+
+log = logging.getLogger("tfdist")
+
+
+def build_default(**_):
+    import tensorflow as tf
+
+    return tf.distribute.get_strategy()
+
+
+def build_one_device(*, devices, found, **_):
+    import tensorflow as tf
+
+    if devices is not None and len(devices) != 1:
+        raise ValueError(
+            f"one_device takes exactly one device. Received: devices={devices!r}. HINT: use "
+            "'mirrored' for several devices."
+        )
+    return tf.distribute.OneDeviceStrategy((devices or found)[0])
+
+
+def build_mirrored(*, devices, found, communication, cross_device_ops=None, **_):
+    import tensorflow as tf
+
+    if cross_device_ops is not None and communication != "auto":
+        raise ValueError(
+            f"Pass either communication={communication!r} or cross_device_ops=, not both."
+        )
+    if cross_device_ops is None:
+        cross_device_ops = mirrored_cross_device_ops(communication, found)
+    return tf.distribute.MirroredStrategy(
+        devices=devices or found, cross_device_ops=cross_device_ops
+    )
+
+
+def _partitioner(
+    variable_partitioner, num_ps: int, min_shard_bytes=None, max_shard_bytes=None, max_shards=None
+):
+    import tensorflow as tf
+
+    partitioners = tf.distribute.experimental.partitioners
+    sizes = {
+        "min_shard_bytes": min_shard_bytes,
+        "max_shard_bytes": max_shard_bytes,
+        "max_shards": max_shards,
+    }
+    if not isinstance(variable_partitioner, str):
+        given = sorted(k for k, v in sizes.items() if v is not None)
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} go(es) with variable_partitioner='min_size', 'max_size' "
+                "or 'fixed', not with a partitioner object."
+            )
+        return variable_partitioner
+    shards = num_ps if max_shards is None else max_shards
+    table: Dict[str, Callable] = {
+        "min_size": lambda: partitioners.MinSizePartitioner(
+            min_shard_bytes=256 << 10 if min_shard_bytes is None else min_shard_bytes,
+            max_shards=shards,
+        ),
+        "max_size": lambda: partitioners.MaxSizePartitioner(
+            max_shard_bytes=256 << 10 if max_shard_bytes is None else max_shard_bytes,
+            max_shards=max_shards,
+        ),
+        "fixed": lambda: partitioners.FixedShardsPartitioner(num_shards=shards),
+    }
+    if variable_partitioner not in table:
+        raise ValueError(
+            f"variable_partitioner={variable_partitioner!r} is not known. Choose one of: "
+            f"{', '.join(table)}, or pass a tf.distribute.experimental.partitioners object."
+        )
+    return table[variable_partitioner]()
+
+
+def build_parameter_server(
+    *,
+    cluster,
+    communication,
+    variable_partitioner=None,
+    min_shard_bytes=None,
+    max_shard_bytes=None,
+    max_shards=None,
+    **_,
+):
+    import tensorflow as tf
+
+    if communication != "auto":
+        raise ValueError(
+            f"communication={communication!r} is not valid for strategy 'parameter_server' "
+            "(variables live on the ps tasks; there is no all-reduce). Choose: auto."
+        )
+    if cluster.task_type in ("worker", "ps") and cluster.has_chief:
+        # In a parameter-server job only the chief runs the training code; worker and ps tasks
+        # serve. Serving here lets one script run unchanged in every role (a Kubernetes TFJob
+        # starts the same command in each replica).
+        log.info(
+            "tfdist: task %s of a parameter-server job serves until the job ends.", cluster.task
+        )
+        serve(cluster)
+    partitioner = _partitioner(
+        variable_partitioner, cluster.num_ps, min_shard_bytes, max_shard_bytes, max_shards
+    )
+    spec = cluster.to_tf()
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        spec,
+        task_type="chief" if cluster.has_chief else None,
+        task_id=0 if cluster.has_chief else None,
+        rpc_layer="grpc",
+    )
+    return tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)

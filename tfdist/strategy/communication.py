@@ -1,0 +1,93 @@
+"""How replicas all-reduce: the `communication=` vocabulary of each strategy, and the TensorFlow
+options it becomes (CrossDeviceOps for mirrored, CommunicationOptions for multi-worker).
+
+NCCL is picked only where every replica is a GPU; asking for it elsewhere is refused with the
+choices that strategy accepts. Imports tfdist.settings (and TensorFlow inside functions).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+from tfdist import settings
+
+__all__ = [
+    "MIRRORED",
+    "MULTI_WORKER",
+    "NONE",
+    "check_communication",
+    "collective_options",
+    "mirrored_cross_device_ops",
+]
+
+# The `communication=` values each kind of strategy understands ("auto" decides by the devices).
+MULTI_WORKER: Tuple[str, ...] = ("auto", "ring", "nccl")
+MIRRORED: Tuple[str, ...] = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
+NONE: Tuple[str, ...] = ("auto",)  # no all-reduce to choose (one device, parameter servers)
+
+
+def check_communication(strategy: str, communication, choices: Sequence[str]) -> str:
+    """`communication` folded to lower case, when it is one of `choices` of `strategy`."""
+    key = communication.strip().lower() if isinstance(communication, str) else communication
+    if key not in choices:
+        raise ValueError(
+            f"communication={communication!r} is not valid for strategy {strategy!r}. Choose "
+            f"one of: {', '.join(choices)}."
+        )
+    return key
+
+
+def _all_gpus(devices: Sequence[str]) -> bool:
+    return bool(devices) and all("gpu" in d.lower() for d in devices)
+
+
+def _require_gpus_for_nccl(strategy: str, devices: Sequence[str], choices: Sequence[str]) -> None:
+    if not _all_gpus(devices):
+        others = " or ".join(repr(c) for c in choices if c != "nccl")
+        raise ValueError(
+            f"communication='nccl' needs every replica on a GPU, but strategy {strategy!r} "
+            f"would run on {list(devices)}. HINT: use communication={others} (for "
+            f"{strategy!r}; 'auto' picks NCCL only where every replica is a GPU)."
+        )
+
+
+def mirrored_cross_device_ops(communication: str, devices: Sequence[str]):
+    """The CrossDeviceOps for MirroredStrategy: NCCL on all-GPU replicas, else one device."""
+    import tensorflow as tf
+
+    communication = check_communication("mirrored", communication, MIRRORED)
+    if communication == "auto":
+        communication = "nccl" if _all_gpus(devices) else "reduce_to_one_device"
+    if communication == "nccl":
+        _require_gpus_for_nccl("mirrored", devices, MIRRORED)
+        return tf.distribute.NcclAllReduce()
+    if communication == "hierarchical_copy":
+        return tf.distribute.HierarchicalCopyAllReduce()
+    # On CPU replicas TensorFlow's default would probe NCCL-incapable paths; reducing on one
+    # device is the reduction that works there.
+    return tf.distribute.ReductionToOneDevice()
+
+
+def collective_options(
+    communication: str,
+    devices: Sequence[str],
+    *,
+    bytes_per_pack: int = 0,
+    timeout_seconds: Optional[float] = None,
+):
+    """The `CommunicationOptions` for MultiWorkerMirroredStrategy."""
+    import tensorflow as tf
+
+    implementation = tf.distribute.experimental.CommunicationImplementation
+    communication = check_communication("multi_worker_mirrored", communication, MULTI_WORKER)
+    if communication == "auto":
+        communication = "nccl" if _all_gpus(devices) else "ring"
+    if communication == "nccl":
+        _require_gpus_for_nccl("multi_worker_mirrored", devices, MULTI_WORKER)
+    if timeout_seconds is None:
+        timeout_seconds = settings.COLLECTIVE_TIMEOUT.get()  # default 0: no limit
+    return tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=bytes_per_pack,
+        timeout_seconds=timeout_seconds or None,
+        implementation=implementation.NCCL if communication == "nccl" else implementation.RING,
+    )

@@ -1,0 +1,111 @@
+"""The local devices replicas run on: GPUs, or logical CPUs made with `virtual_cpus`.
+
+Queries never initialise the TensorFlow runtime, so devices can still be configured after them.
+Imports only tfdist.errors (and TensorFlow inside functions).
+"""
+
+from __future__ import annotations
+
+import re
+
+from tfdist.errors import is_count
+
+__all__ = ["check_devices", "local_devices", "runtime_initialized", "virtual_cpus"]
+
+
+def context():
+    from tensorflow.python.eager import context  # the one private handle tfdist needs
+
+    return context.context()
+
+
+def runtime_initialized() -> bool:
+    """True once TensorFlow has initialised its devices (no more device configuration)."""
+    return bool(context()._initialized)  # pylint: disable=protected-access
+
+
+def local_devices() -> list:
+    """The devices replicas would run on in this process: GPUs if any, else the logical CPUs.
+
+    Does not initialise the TensorFlow runtime, so it may be called before `virtual_cpus` or
+    before building a multi-worker strategy.
+    """
+    import tensorflow as tf
+
+    if runtime_initialized():
+        gpus = tf.config.list_logical_devices("GPU")
+        devices = gpus or tf.config.list_logical_devices("CPU")
+        return [_short_name(d.name) for d in devices]
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        count = sum(len(tf.config.get_logical_device_configuration(g) or [None]) for g in gpus)
+        return [f"/gpu:{i}" for i in range(count)]
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    count = len(tf.config.get_logical_device_configuration(cpu) or [None])
+    return [f"/cpu:{i}" for i in range(count)]
+
+
+def _short_name(name: str) -> str:
+    match = re.search(r"device:([A-Z]+):(\d+)$", name)
+    return f"/{match.group(1).lower()}:{match.group(2)}" if match else name
+
+
+def virtual_cpus(n: int) -> list:
+    """Splits the host CPU into `n` logical devices, for mirrored training on a CPU-only host.
+
+    Must run before TensorFlow initialises its devices (before the first op, device query or
+    strategy). Calling it again with the same `n` is a no-op.
+
+    Args:
+        n: int. Number of logical CPUs (>= 1).
+
+    Returns:
+        list[str]: the logical CPU names, "/cpu:0" ... "/cpu:{n-1}".
+
+    Raises:
+        ValueError: `n` is not a positive integer.
+        RuntimeError: TensorFlow already initialised its devices with another count.
+    """
+    import tensorflow as tf
+
+    if not is_count(n, 1):
+        raise ValueError(f"virtual_cpus(n) needs a positive integer. Received: n={n!r}.")
+    names = [f"/cpu:{i}" for i in range(n)]
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    if runtime_initialized():
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have == n:
+            return names
+        raise RuntimeError(
+            f"virtual_cpus({n}) was called after TensorFlow initialised its devices, with {have} "
+            "logical CPU(s). HINT: call tfdist.virtual_cpus() first thing in the program, before "
+            "any TensorFlow op, device query or strategy (in pytest: the session-scoped "
+            "`virtual_cpus` fixture of tfdist.testing, or run the test in a subprocess)."
+        )
+    current = tf.config.get_logical_device_configuration(cpu)
+    if current and len(current) == n:
+        return names
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+    )
+    return names
+
+
+def check_devices(devices) -> list:
+    if isinstance(devices, str) or not isinstance(devices, (list, tuple)):
+        raise TypeError(
+            f"devices must be a list of device strings like ['/gpu:0', '/gpu:1']. Received: "
+            f"{devices!r}."
+        )
+    if not devices:
+        raise ValueError("devices=[] names no device. HINT: leave devices out to use all.")
+    bad = [
+        d
+        for d in devices
+        if not isinstance(d, str) or not re.search(r"(cpu|gpu|tpu):\d+$", d.lower())
+    ]
+    if bad:
+        raise ValueError(f"devices {bad!r} are not device strings like '/gpu:0' or '/cpu:1'.")
+    if len(set(d.lower() for d in devices)) != len(devices):
+        raise ValueError(f"devices={list(devices)!r} names a device twice.")
+    return list(devices)

@@ -1,0 +1,187 @@
+"""MultiWorkerMirroredStrategy: built once per process, with a bounded start-up, and an exit
+barrier so that no worker leaves while its peers still all-reduce.
+
+TensorFlow configures collectives once per process, at start-up: the strategy is cached here,
+and tfdist configures the coordination service first, with a finite registration timeout.
+Imports the cluster, settings, flavour, the TensorFlow fix records and the sibling modules
+devices and communication.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from typing import Dict
+
+from tfdist import flavour, settings
+from tfdist.cluster import ClusterSpec
+from tfdist.strategy.communication import collective_options
+from tfdist.strategy.devices import context, runtime_initialized
+
+__all__ = ["build_multi_worker", "exit_barrier"]
+
+log = logging.getLogger("tfdist")
+
+# One multi-worker strategy per process: TensorFlow configures collectives once, at startup.
+_MWMS_CACHE: Dict[tuple, object] = {}
+
+
+_MWMS_LOCK = threading.Lock()
+
+
+def build_multi_worker(
+    *,
+    cluster,
+    found,
+    communication,
+    communication_options=None,
+    bytes_per_pack=0,
+    timeout_seconds=None,
+    startup_timeout=None,
+    **_,
+):
+    import tensorflow as tf
+
+    if communication_options is not None:
+        if communication != "auto" or bytes_per_pack or timeout_seconds is not None:
+            raise ValueError(
+                "Pass either communication_options= or communication= / bytes_per_pack= / "
+                "timeout_seconds=, not both."
+            )
+        if not isinstance(communication_options, tf.distribute.experimental.CommunicationOptions):
+            raise TypeError(
+                "communication_options must be a tf.distribute.experimental.CommunicationOptions."
+                f" Received: {communication_options!r}."
+            )
+        options = communication_options
+    else:
+        options = collective_options(
+            communication, found, bytes_per_pack=bytes_per_pack, timeout_seconds=timeout_seconds
+        )
+    if cluster.is_single_process or cluster.num_workers == 1:
+        key = ("local",)
+        resolver = None if cluster.is_single_process else cluster.resolver()
+    else:
+        key = (cluster, options.implementation)
+        resolver = cluster.resolver()
+    with _MWMS_LOCK:
+        if key in _MWMS_CACHE:
+            return _MWMS_CACHE[key]
+        if _MWMS_CACHE:
+            raise RuntimeError(
+                "This process already built a multi_worker_mirrored strategy for another "
+                "cluster or communication; TensorFlow configures collectives once per process. "
+                "HINT: build one strategy and reuse it, or start a new process."
+            )
+        if resolver is not None and runtime_initialized():
+            raise RuntimeError(
+                "multi_worker_mirrored must be built before TensorFlow initialises (it "
+                "configures collective ops at program startup), but an op, device query or "
+                "another strategy already ran in this process. HINT: call "
+                "tfdist.make_strategy() first thing, before creating tensors, models or "
+                "datasets."
+            )
+        if resolver is not None:
+            _configure_coordination(cluster, startup_timeout)
+        try:
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(
+                cluster_resolver=resolver, communication_options=options
+            )
+        except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as err:
+            raise RuntimeError(_startup_failure(cluster, err)) from err
+        _MWMS_CACHE[key] = strategy
+        if resolver is not None:
+            _register_exit_barrier()
+            flavour.quiet_progress_off_the_chief(cluster.is_chief)
+        return strategy
+
+
+def _configure_coordination(cluster: ClusterSpec, startup_timeout) -> None:
+    """Sets up TensorFlow's coordination service with a finite registration timeout.
+
+    MultiWorkerMirroredStrategy configures the same service itself, but with no limit on how
+    long it waits for a peer that never joins. tfdist configures it first, bounded.
+    """
+    from tfdist.fixes.tensorflow import COORDINATION_CONFIG
+
+    coordination_config_pb2 = COORDINATION_CONFIG.get()
+
+    if startup_timeout is None:
+        startup_timeout = settings.STARTUP_TIMEOUT.get()
+    jobs = [
+        coordination_config_pb2.CoordinatedJob(name=job, num_tasks=len(addresses))
+        for job, addresses in cluster.cluster.items()
+        if job in ("chief", "worker")
+    ]
+    leader_job = "chief" if cluster.has_chief else "worker"
+    context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=f"/job:{leader_job}/replica:0/task:0",
+        cluster_register_timeout_in_ms=int(startup_timeout * 1000),
+        heartbeat_timeout_in_ms=0,
+        coordinated_jobs=jobs,
+    )
+
+
+def _startup_failure(cluster: ClusterSpec, err: Exception) -> str:
+    missing = sorted(set(re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", str(err))))
+    named = ", ".join(f"{job}:{task}" for job, task in missing) or "unknown"
+    return (
+        f"Task {cluster.task} could not form the multi-worker cluster {cluster.cluster}: "
+        f"{type(err).__name__}. Tasks named in TensorFlow's error: {named}. HINT: start every "
+        "task of the cluster (each with its own TF_CONFIG), check that the addresses are "
+        "reachable and the ports free, or raise startup_timeout= / TFDIST_STARTUP_TIMEOUT. "
+        f"TensorFlow said: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+    )
+
+
+def exit_barrier(timeout: float = 120.0) -> None:
+    """Waits until every worker of this process's multi-worker strategy reaches this point.
+
+    A worker that exits while its peers still run aborts their collectives (the leader's
+    exit: "Failed to send RPC to coordination service", "Socket closed"). tfdist runs this at
+    interpreter exit of every process that built a multi-worker strategy (unless it is dying
+    of an uncaught exception); calling it earlier is harmless. A no-op without such a strategy.
+
+    Args:
+        timeout: float. Seconds to wait for the peers before giving up.
+    """
+    import tensorflow as tf
+
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
+    for key, strategy in list(_MWMS_CACHE.items()):
+        if key != ("local",):
+            strategy.run(
+                lambda: tf.distribute.get_replicacontext().all_reduce(
+                    tf.distribute.ReduceOp.SUM, tf.constant(1.0), options=options
+                )
+            )
+
+
+_DYING = []
+
+
+def _note_uncaught_exception(hook):
+    def excepthook(*args):
+        _DYING.append(True)
+        hook(*args)
+
+    return excepthook
+
+
+def _barrier_at_exit() -> None:
+    if _DYING:
+        return  # the launcher stops the peers; waiting for them would only delay that
+    try:
+        exit_barrier()
+    except Exception as err:  # a peer already failed: nothing left to protect
+        log.warning("tfdist: the exit barrier did not complete: %s", err)
+
+
+def _register_exit_barrier() -> None:
+    import atexit
+    import sys
+
+    sys.excepthook = _note_uncaught_exception(sys.excepthook)
+    atexit.register(_barrier_at_exit)
