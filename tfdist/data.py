@@ -653,9 +653,9 @@ def _warn_data_sharding(policy: str, reason: str, num_workers: int) -> None:
         if reason in _WARNED:
             return
         _WARNED.add(reason)
-    from tfdist.precision import _is_chief
+    from tfdist import task
 
-    if _is_chief():
+    if task.is_chief():
         warnings.warn(
             f"tfdist shards this dataset by DATA over {num_workers} workers: {reason}. HINT: "
             f"write the data as at least {num_workers} files (e.g. TFRecord shards) for "

@@ -30,7 +30,7 @@ import threading
 import warnings
 from typing import Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
-from tfdist import flavour
+from tfdist import flavour, task
 
 __all__ = [
     "POLICIES",
@@ -189,22 +189,13 @@ def auto_precision(devices: Optional[Sequence[str]] = None) -> dict:
 # ------------------------------------------------------------------------ applying it
 
 
-def _is_chief() -> bool:
-    from tfdist.cluster import ClusterConfigError, detect_cluster
-
-    try:
-        return detect_cluster().is_chief
-    except ClusterConfigError:
-        return True  # a broken TF_CONFIG is reported by make_strategy, not here
-
-
 def _once(key) -> bool:
     """True the first time `key` is seen in this process, and only on the chief."""
     with _ONCE_LOCK:
         if key in _ONCE:
             return False
         _ONCE.add(key)
-    return _is_chief()
+    return task.is_chief()
 
 
 def _canonical_policy(policy) -> str:

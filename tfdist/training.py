@@ -13,8 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from tfdist import data as data_lib
-from tfdist import flavour
-from tfdist.cluster import detect_cluster
+from tfdist import flavour, task
 from tfdist.errors import TaskUnavailableError, is_count
 
 __all__ = ["TaskUnavailableError", "evaluate", "fit"]
@@ -248,6 +247,6 @@ def _chief_verbose(verbose):
     """Progress bars on the chief only; other tasks stay quiet."""
     if verbose in (0, "0"):
         return 0
-    if not detect_cluster().is_chief:
+    if not task.is_chief():
         return 0
     return verbose

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from tfdist import settings
+from tfdist import settings, task
 from tfdist.cluster import ClusterSpec, detect_cluster
 from tfdist.strategy.communication import check_communication
 from tfdist.strategy.devices import check_devices, local_devices
@@ -150,6 +150,7 @@ def make_strategy(
         from tfdist.fixes import apply_fixes
 
         apply_fixes()  # the plain Keras idiom works on what tfdist makes
+    task.set_current(cluster, key)
     strategy = record.build(
         cluster=cluster, devices=devices, found=found, communication=communication, **options
     )
