@@ -322,8 +322,9 @@ def _custom_loop(strategy, global_batch, x, y, epochs=1):
 def test_custom_loop_loss_scaling_when_replicas_disagree(virtual_cpus):
     """Keras 3's LossScaleOptimizer decides "skip this step" per replica, from gradients not
     yet all-reduced: when replica 0 is finite and the others overflow, inf reaches every
-    weight (this test fails that way with `_agree_on_finite` disabled).
-    `precision.apply_gradients` makes the replicas agree, so the step is skipped."""
+    weight (this test fails that way with
+    TFDIST_KERAS_FIXES=-loss_scale_skip_agreed_by_all_replicas). `precision.apply_gradients`
+    relies on that fix, so the step is skipped."""
     strategy = tfdist.make_strategy("mirrored", cluster=SINGLE)
     assert strategy.num_replicas_in_sync == 4
     x, y = disagreement_data()

@@ -442,43 +442,9 @@ def apply_gradients(optimizer, gradients, variables) -> None:
         optimizer.apply_gradients(zip(gradients, variables))
         return
     if is_loss_scaled(optimizer):
-        gradients = _agree_on_finite(gradients)
+        # Keras 3's LossScaleOptimizer decides "skip this step" per replica; the fix
+        # loss_scale_skip_agreed_by_all_replicas makes it one decision for all replicas.
+        from tfdist.fixes import apply_fixes
+
+        apply_fixes()
     optimizer.apply(gradients, variables)  # Keras 3's LossScaleOptimizer unscales itself
-
-
-def _agree_on_finite(gradients) -> list:
-    """Makes every replica see non-finite gradients when any replica has them.
-
-    Keras 3's LossScaleOptimizer decides "skip this step" from each replica's *local*
-    gradients, before they are all-reduced (keras/src/optimizers/loss_scale_optimizer.py
-    `_tf_apply` / `check_finite`). When only one replica overflows, the replicas disagree:
-    the others apply the step, and inf / NaN from the all-reduce reaches every weight
-    (reproduced on mirrored, 4 replicas: tests/test_precision.py). One scalar all-reduce
-    makes the decision global. tf_keras all-reduces first and needs no help.
-    """
-    import tensorflow as tf
-
-    context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync <= 1:
-        return gradients
-    values = [
-        g.values if isinstance(g, tf.IndexedSlices) else g for g in gradients if g is not None
-    ]
-    if not values:
-        return gradients
-    local_bad = tf.add_n(
-        [tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(v)), tf.float32)) for v in values]
-    )
-    bad = context.all_reduce(tf.distribute.ReduceOp.SUM, local_bad)
-    factor = tf.where(bad > 0, tf.constant(float("nan")), tf.constant(1.0))
-
-    def poison(g):
-        if g is None:
-            return None
-        if isinstance(g, tf.IndexedSlices):
-            return tf.IndexedSlices(
-                g.values * tf.cast(factor, g.values.dtype), g.indices, g.dense_shape
-            )
-        return g * tf.cast(factor, g.dtype)
-
-    return [poison(g) for g in gradients]
