@@ -6,8 +6,9 @@ The same model, data and batch in examples/s, 2 workers + 1 ps + the coordinator
 separate processes on loopback, at steps_per_execution k in {1, 10, 50}:
 
 - tfdist: a Keras 3 model compiled in the scope of `tfdist.make_strategy()` (a
-  ParameterServerStrategy, from TF_CONFIG), trained by `tfdist._coordinator.fit_parameter_server`
-  (what `tfdist.fit` calls on parameter_server) with `steps_per_execution=k`.
+  ParameterServerStrategy, from TF_CONFIG), trained by
+  `tfdist.parameter_server.fit_parameter_server` (what `tfdist.fit` calls on parameter_server)
+  with `steps_per_execution=k`.
 - tf_keras: `model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn),
   steps_per_execution=k)` (TF_USE_LEGACY_KERAS=1) on a `tf.distribute.ParameterServerStrategy`
   built directly from `TFConfigClusterResolver`, as a tf_keras user writes it.
@@ -174,7 +175,7 @@ def measure(impl, cfg):
                 callbacks=callbacks,
             )
         else:
-            from tfdist._coordinator import fit_parameter_server
+            from tfdist.parameter_server import fit_parameter_server
 
             fit_parameter_server(
                 model,
@@ -334,10 +335,10 @@ def diagnose_job(ks, cfg, rounds=5):
     """
     import tensorflow as tf
 
-    from tfdist import _coordinator
+    from tfdist import parameter_server
 
     _, keras, strategy = _setup("tfdist")
-    coordinator = _coordinator.coordinator_for(strategy)
+    coordinator = parameter_server.coordinator_for(strategy)
     steps = cfg["steps_per_epoch"]
     examples = steps * cfg["batch"]
 
@@ -347,17 +348,17 @@ def diagnose_job(ks, cfg, rounds=5):
     variants = {}
     for k in ks:
         model = _model(keras, strategy, cfg, k)
-        _coordinator.fit_parameter_server(
+        parameter_server.fit_parameter_server(
             model, strategy, make, epochs=1, steps_per_epoch=steps, verbose=0
         )
 
         def fit(model=model):
-            _coordinator.fit_parameter_server(
+            parameter_server.fit_parameter_server(
                 model, strategy, make, epochs=1, steps_per_epoch=steps, verbose=0
             )
 
         bare_model = _model(keras, strategy, cfg, k)
-        _coordinator.fit_parameter_server(
+        parameter_server.fit_parameter_server(
             bare_model, strategy, make, epochs=1, steps_per_epoch=k, verbose=0
         )
         iterator = iter(

@@ -1,4 +1,4 @@
-"""Parameter-server training (tfdist._coordinator) and its Keras 3 fixes (tfdist.fixes).
+"""Parameter-server training (tfdist.parameter_server) and its Keras 3 fixes (tfdist.fixes).
 
 Pure tests of the step plan and the argument checks run in the pytest process. The Keras fixes
 are tested in a child process that holds a whole parameter-server cluster (gRPC servers for 3
@@ -12,8 +12,8 @@ import os
 import numpy as np
 import pytest
 
-from tfdist._coordinator import (
-    build_model,
+from tfdist.parameter_server import (
+    build_for_parameter_server,
     evaluate_parameter_server,
     fit_parameter_server,
     plan_groups,
@@ -239,7 +239,7 @@ def fixes_in_one_process(out_dir):
         plain_table = plain.get_layer("table").embeddings
         with strategy.scope():
             again = _embedding_model(keras)
-        build_model(again, strategy, _embedding_dataset_fn)
+        build_for_parameter_server(again, strategy, _embedding_dataset_fn)
         tf.train.Checkpoint(model=again, optimizer=again.optimizer).restore(
             path
         ).assert_existing_objects_matched()

@@ -134,7 +134,7 @@ def ps_job(out_dir):
 
     import tfdist
     from tfdist import flavour
-    from tfdist._coordinator import fit_parameter_server
+    from tfdist.parameter_server import fit_parameter_server
 
     keras = flavour.keras()
     strategy = tfdist.make_strategy()
@@ -193,13 +193,17 @@ def worker_job(out_dir, checkpoint_path):
 
     import tfdist
     from tfdist import flavour
-    from tfdist._coordinator import build_model, evaluate_parameter_server, fit_parameter_server
+    from tfdist.parameter_server import (
+        build_for_parameter_server,
+        evaluate_parameter_server,
+        fit_parameter_server,
+    )
 
     keras = flavour.keras()
     strategy = tfdist.make_strategy()
     with strategy.scope():
         model = _model(keras)
-    build_model(model, strategy, plain_dataset_fn)
+    build_for_parameter_server(model, strategy, plain_dataset_fn)
     status = tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(checkpoint_path)
     status.assert_existing_objects_matched()
     restored = {
@@ -220,15 +224,15 @@ def worker_job(out_dir, checkpoint_path):
     # group, called on the worker's thread of the coordinator, with [slot, base, size].
     from tensorflow.python.eager import context
 
-    from tfdist import _coordinator
+    from tfdist.parameter_server import runner as ps_runner
 
-    running, original_call = {}, _coordinator._Group.__call__
+    running, original_call = {}, ps_runner._Group.__call__
 
     def recording_call(group, iterator, meta):
         running[context.context().device_name] = int(meta.numpy()[0])
         return original_call(group, iterator, meta)
 
-    _coordinator._Group.__call__ = recording_call
+    ps_runner._Group.__call__ = recording_call
     killed, stop = {}, threading.Event()
 
     def kill_worker_1_in_the_middle_of_a_group():
@@ -261,7 +265,7 @@ def worker_job(out_dir, checkpoint_path):
     finally:
         stop.set()
         killer.join(timeout=10)
-        _coordinator._Group.__call__ = original_call
+        ps_runner._Group.__call__ = original_call
     after = evaluate_parameter_server(
         model, strategy, plain_dataset_fn, steps=8, return_dict=True, verbose=0
     )
@@ -442,7 +446,7 @@ def one_live_one_dead_ps():
 
 
 def test_the_ps_tasks_that_refuse_connections_are_named(one_live_one_dead_ps):
-    from tfdist._coordinator import _unreachable
+    from tfdist.parameter_server.watchdog import _unreachable
 
     strategy, addresses = one_live_one_dead_ps
     assert _unreachable(strategy) == [("ps:1", addresses[1])]
@@ -452,7 +456,8 @@ def test_the_ps_tasks_that_refuse_connections_are_named(one_live_one_dead_ps):
 def test_a_tensorflow_error_after_a_ps_is_lost_becomes_task_unavailable(one_live_one_dead_ps):
     import tensorflow as tf
 
-    from tfdist._coordinator import TaskUnavailableError, _naming_lost_tasks
+    from tfdist.parameter_server import TaskUnavailableError
+    from tfdist.parameter_server.watchdog import _naming_lost_tasks
 
     strategy, addresses = one_live_one_dead_ps
     with pytest.raises(TaskUnavailableError) as caught:
@@ -471,7 +476,7 @@ def test_other_errors_pass_through_when_every_ps_answers():
 
     import tensorflow as tf
 
-    from tfdist._coordinator import _naming_lost_tasks
+    from tfdist.parameter_server.watchdog import _naming_lost_tasks
 
     with socket.socket() as live:
         live.bind(("127.0.0.1", 0))

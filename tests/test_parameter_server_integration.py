@@ -198,7 +198,7 @@ def keras3_job(out_dir):
 
     import tfdist
     from tfdist import flavour
-    from tfdist._coordinator import evaluate_parameter_server, fit_parameter_server
+    from tfdist.parameter_server import evaluate_parameter_server, fit_parameter_server
 
     keras = flavour.keras()
     # "auto" in the chief of a job with ps tasks: parameter_server
@@ -335,13 +335,13 @@ def resume_job(out_dir, dense, sharded_path):
 
     import tfdist
     from tfdist import flavour
-    from tfdist._coordinator import build_model, fit_parameter_server
+    from tfdist.parameter_server import build_for_parameter_server, fit_parameter_server
 
     keras = flavour.keras()
     strategy = tfdist.make_strategy("parameter_server")
     with strategy.scope():
         model = functional(keras, steps_per_execution=3)
-    build_model(model, strategy, dict_dataset_fn)
+    build_for_parameter_server(model, strategy, dict_dataset_fn)
     status = tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(dense)
     status.assert_existing_objects_matched()
     result = {
@@ -377,7 +377,7 @@ def resume_job(out_dir, dense, sharded_path):
 def single_job(out_dir):
     import tfdist
     from tfdist import flavour
-    from tfdist._coordinator import fit_parameter_server
+    from tfdist.parameter_server import fit_parameter_server
 
     keras = flavour.keras()
     strategy = tfdist.make_strategy()
@@ -469,7 +469,7 @@ def _interrupted_and_resumed(keras, strategy, out_dir):
 def tf_keras_job():
     import tfdist
     from tfdist import flavour
-    from tfdist._coordinator import evaluate_parameter_server, fit_parameter_server
+    from tfdist.parameter_server import evaluate_parameter_server, fit_parameter_server
 
     keras = flavour.keras()
     strategy = tfdist.make_strategy()

@@ -5,7 +5,7 @@
 On mirrored and multi_worker_mirrored this is Keras' own `model.fit` (made to work on Keras 3
 by the fixes tfdist applies when it makes the strategy). On parameter_server, where Keras 3's
 fit has no support at all, tfdist drives the compiled model through a ClusterCoordinator
-loop of its own (`tfdist._coordinator`).
+loop of its own (`tfdist.parameter_server`).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def fit(
     model = _build(build_model, strategy)
     verbose = _chief_verbose(verbose)
     if _is_parameter_server(strategy):
-        from tfdist import _coordinator
+        from tfdist import parameter_server
         from tfdist.fixes import apply_fixes
 
         apply_fixes()  # also for a strategy that tfdist did not make
@@ -142,7 +142,7 @@ def fit(
                     "unknown length. HINT: validation_steps = number of validation examples "
                     "// global_batch_size."
                 )
-        history = _coordinator.fit_parameter_server(
+        history = parameter_server.fit_parameter_server(
             model,
             strategy,
             dataset_fn,
@@ -216,7 +216,7 @@ def evaluate(
         strategy = getattr(model, "distribute_strategy", None) or _default_strategy()
     verbose = _chief_verbose(verbose)
     if _is_parameter_server(strategy):
-        from tfdist import _coordinator
+        from tfdist import parameter_server
         from tfdist.fixes import apply_fixes
 
         apply_fixes()  # also for a strategy that tfdist did not make
@@ -228,7 +228,7 @@ def evaluate(
                 "length. HINT: steps = number of examples // global_batch_size."
             )
         dataset_fn = data_lib.dataset_fn_for(data, global_batch_size, repeat=True)
-        return _coordinator.evaluate_parameter_server(
+        return parameter_server.evaluate_parameter_server(
             model, strategy, dataset_fn, steps=steps, verbose=verbose, return_dict=return_dict
         )
     dataset = data_lib.distribute_dataset(data, strategy, global_batch_size)

@@ -4,7 +4,7 @@ Atomic assign_add on the ps, model.fit / evaluate / predict through tfdist's coo
 sharded variables trained shard by shard and checkpointed whole (keras-team/keras#18624).
 
 Nothing here imports TensorFlow or Keras at import time. May import: tfdist.fixes.record,
-tfdist.fixes.replicas (the trainer module), and tfdist._coordinator (when fit is called).
+tfdist.fixes.replicas (the trainer module), and tfdist.parameter_server (when fit is called).
 """
 
 import functools
@@ -123,7 +123,7 @@ def _fix_ps_fit_evaluate_predict():
     # this dataset, you need to pass this dataset to
     # ClusterCoordinator.create_per_worker_dataset" (tf_keras trains it natively). The fix
     # sends fit and evaluate of such a model to tfdist's ClusterCoordinator loop
-    # (tfdist._coordinator.keras_fit / keras_evaluate, Keras' own arguments), and runs
+    # (tfdist.parameter_server.keras_fit / keras_evaluate, Keras' own arguments), and runs
     # predict on the coordinator itself, outside the strategy (each batch reads the variables
     # from the ps tasks), as tf_keras does for predict. Other strategies: unchanged.
     import inspect
@@ -150,9 +150,9 @@ def _fix_ps_fit_evaluate_predict():
             arguments = signature.bind(self, *args, **kwargs).arguments
             del arguments["self"]
             arguments.update(arguments.pop("kwargs", {}))
-            from tfdist import _coordinator
+            from tfdist import parameter_server
 
-            return getattr(_coordinator, to)(self, **arguments)
+            return getattr(parameter_server, to)(self, **arguments)
 
         return method
 
