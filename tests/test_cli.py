@@ -81,7 +81,7 @@ def _clear_cluster_env(monkeypatch):
 
 # ------------------------------------------------------------------- tf-config, in process
 
-SPEC = ClusterSpec.from_hosts(workers=["h1:2222", "h2:2222"], ps=["h3:2222"])
+SPEC = ClusterSpec.from_hosts(workers=["h1:2222", "h2:2222"], ps=["h3:2222"], chief="h0:2222")
 CHIEF_SPEC = ClusterSpec.from_hosts(workers=["w1:1"], chief="c:1", task_type="chief")
 
 
@@ -89,10 +89,10 @@ CHIEF_SPEC = ClusterSpec.from_hosts(workers=["w1:1"], chief="c:1", task_type="ch
     "argv, spec, tasks",
     [
         pytest.param(
-            ["tf-config", "--worker", "h1:2222,h2:2222", "--ps", "h3:2222"],
+            ["tf-config", "--chief", "h0:2222", "--worker", "h1:2222,h2:2222", "--ps", "h3:2222"],
             SPEC,
-            [("worker", 0)],
-            id="default-task-worker0",
+            [("chief", 0)],
+            id="default-task-the-coordinator",
         ),
         pytest.param(
             [
@@ -101,6 +101,8 @@ CHIEF_SPEC = ClusterSpec.from_hosts(workers=["w1:1"], chief="c:1", task_type="ch
                 "h1:2222",
                 "--worker",
                 "h2:2222",
+                "--chief",
+                "h0:2222",
                 "--ps",
                 "h3:2222",
                 "--task",
@@ -111,21 +113,47 @@ CHIEF_SPEC = ClusterSpec.from_hosts(workers=["w1:1"], chief="c:1", task_type="ch
             id="repeated-flags",
         ),
         pytest.param(
-            ["tf-config", "--worker", "h1:2222,h2:2222", "--ps", "h3:2222", "--task", "ps:0"],
+            [
+                "tf-config",
+                "--chief",
+                "h0:2222",
+                "--worker",
+                "h1:2222,h2:2222",
+                "--ps",
+                "h3:2222",
+                "--task",
+                "ps:0",
+            ],
             SPEC,
             [("ps", 0)],
             id="ps-task",
         ),
         pytest.param(
-            ["tf-config", "--worker", "h1:2222,h2:2222", "--ps", "h3:2222", "--all"],
+            [
+                "tf-config",
+                "--chief",
+                "h0:2222",
+                "--worker",
+                "h1:2222,h2:2222",
+                "--ps",
+                "h3:2222",
+                "--all",
+            ],
             SPEC,
-            [("worker", 0), ("worker", 1), ("ps", 0)],
+            [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)],
             id="all",
         ),
         pytest.param(
-            ["tf_config", "--worker", "h1:2222,h2:2222", "--ps=h3:2222", "--all"],
+            [
+                "tf_config",
+                "--chief=h0:2222",
+                "--worker",
+                "h1:2222,h2:2222",
+                "--ps=h3:2222",
+                "--all",
+            ],
             SPEC,
-            [("worker", 0), ("worker", 1), ("ps", 0)],
+            [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)],
             id="underscore-alias",
         ),
         pytest.param(
@@ -258,6 +286,8 @@ def test_tf_config_all_export_subprocess(launcher):
             "tf-config",
             "--worker",
             "h1:2222,h2:2222",
+            "--chief",
+            "h0:2222",
             "--ps",
             "h3:2222",
             "--all",
@@ -267,7 +297,7 @@ def test_tf_config_all_export_subprocess(launcher):
     )
     assert result.returncode == 0, result.stderr
     entries = _parse_export(result.stdout)
-    tasks = [("worker", 0), ("worker", 1), ("ps", 0)]
+    tasks = [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)]
     assert entries == [(f"{t}:{i}", SPEC.to_tf_config(t, i)) for t, i in tasks]
 
 
@@ -275,7 +305,17 @@ def test_tf_config_all_export_subprocess(launcher):
 def test_tf_config_task_json_subprocess(launcher):
     result = _run(
         launcher,
-        ["tf-config", "--worker", "h1:2222,h2:2222", "--ps", "h3:2222", "--task", "worker:1"],
+        [
+            "tf-config",
+            "--chief",
+            "h0:2222",
+            "--worker",
+            "h1:2222,h2:2222",
+            "--ps",
+            "h3:2222",
+            "--task",
+            "worker:1",
+        ],
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("\n") == 1
@@ -305,6 +345,8 @@ def test_exported_tf_config_survives_a_shell():
             "tf-config",
             "--worker",
             "h1:2222,h2:2222",
+            "--chief",
+            "h0:2222",
             "--ps",
             "h3:2222",
             "--task",

@@ -169,8 +169,8 @@ def test_from_tf_config_without_the_environment_variable(monkeypatch):
     ],
 )
 def test_from_hosts_lists_and_comma_strings(workers, ps):
-    spec = ClusterSpec.from_hosts(workers=workers, ps=ps, task_index=1)
-    assert spec.cluster == {"worker": ["h1:2222", "h2:2222"], "ps": ["h3:2222"]}
+    spec = ClusterSpec.from_hosts(workers=workers, ps=ps, chief="c:1", task_index=1)
+    assert spec.cluster == {"chief": ["c:1"], "worker": ["h1:2222", "h2:2222"], "ps": ["h3:2222"]}
     assert (spec.task_type, spec.task_index) == ("worker", 1)
 
 
@@ -221,7 +221,7 @@ def test_from_hosts_errors(kwargs, fragments):
     [
         (1, 0, False, False, {"worker": 1}, "worker:0"),
         (3, 0, False, False, {"worker": 3}, "worker:0"),
-        (2, 1, False, False, {"worker": 2, "ps": 1}, "worker:0"),
+        (2, 1, False, False, {"chief": 1, "worker": 2, "ps": 1}, "chief:0"),  # a coordinator
         (2, 2, True, False, {"chief": 1, "worker": 2, "ps": 2}, "chief:0"),
         (1, 0, True, True, {"chief": 1, "worker": 1, "evaluator": 1}, "chief:0"),
     ],
@@ -408,10 +408,10 @@ def test_resolver(task_type, task_index):
         pytest.param({"chief": ["c:1"], "worker": ["a:1", "b:1"]}, 3, 0, True, id="chief-counts"),
         pytest.param({"chief": ["c:1"]}, 1, 0, True, id="chief-only"),
         pytest.param(
-            {"worker": ["a:1", "b:1", "c:1"], "ps": ["p:1", "q:1"]},
+            {"chief": ["x:1"], "worker": ["a:1", "b:1", "c:1"], "ps": ["p:1", "q:1"]},
             3,
             2,
-            False,
+            True,
             id="workers-and-ps",
         ),
         pytest.param(
@@ -441,7 +441,8 @@ def test_counts(cluster, num_workers, num_ps, has_chief):
         ({"chief": ["c:1"], "worker": ["a:1", "b:1"]}, "worker", 0, False),
         ({"worker": ["a:1", "b:1"]}, "worker", 0, True),
         ({"worker": ["a:1", "b:1"]}, "worker", 1, False),
-        ({"worker": ["a:1"], "ps": ["p:1"]}, "ps", 0, False),
+        ({"chief": ["c:1"], "worker": ["a:1"], "ps": ["p:1"]}, "ps", 0, False),
+        ({"chief": ["c:1"], "worker": ["a:1"], "ps": ["p:1"]}, "worker", 0, False),
         ({"worker": ["a:1"], "evaluator": ["e:1"]}, "evaluator", 0, False),
         ({}, None, None, True),
     ],
@@ -492,18 +493,19 @@ def test_cluster_is_copied_in_and_out():
 
 
 def test_equality_and_hashing():
-    a = ClusterSpec({"worker": ["a:1", "b:1"], "ps": ["p:1"]}, "worker", 1)
+    c = {"chief": ["c:1"]}
+    a = ClusterSpec({**c, "worker": ["a:1", "b:1"], "ps": ["p:1"]}, "worker", 1)
     same = [
-        ClusterSpec({"ps": ("p:1",), "worker": ("a:1", "b:1")}, "worker", 1),  # order, tuples
-        ClusterSpec.from_hosts(workers="a:1,b:1", ps="p:1", task_index=1),
+        ClusterSpec({"ps": ("p:1",), "worker": ("a:1", "b:1"), **c}, "worker", 1),  # order, tuples
+        ClusterSpec.from_hosts(workers="a:1,b:1", ps="p:1", chief="c:1", task_index=1),
         ClusterSpec.from_tf_config(a.to_json()),
-        ClusterSpec({"worker": ["a:01", "b:1"], "ps": ["p:1"]}, "worker", "1"),
+        ClusterSpec({**c, "worker": ["a:01", "b:1"], "ps": ["p:1"]}, "worker", "1"),
     ]
     different = [
         a.replace_task("worker", 0),
         a.replace_task("ps", 0),
-        ClusterSpec({"worker": ["b:1", "a:1"], "ps": ["p:1"]}, "worker", 1),  # order matters
-        ClusterSpec({"worker": ["a:1", "b:1"], "ps": ["p:2"]}, "worker", 1),
+        ClusterSpec({**c, "worker": ["b:1", "a:1"], "ps": ["p:1"]}, "worker", 1),  # order matters
+        ClusterSpec({**c, "worker": ["a:1", "b:1"], "ps": ["p:2"]}, "worker", 1),
         ClusterSpec({"worker": ["a:1", "b:1"]}, "worker", 1),
     ]
     for other in same:
@@ -547,8 +549,8 @@ def test_copy_and_pickle(clone, spec):
         ),
         (ClusterSpec(FULL), "<ClusterSpec chief=1, worker=2, ps=1, evaluator=1, task=chief:0>"),
         (
-            ClusterSpec({"ps": ["p:1"], "worker": ["a:1"]}, "ps", 0),
-            "<ClusterSpec worker=1, ps=1, task=ps:0>",
+            ClusterSpec({"ps": ["p:1"], "worker": ["a:1"], "chief": ["c:1"]}, "ps", 0),
+            "<ClusterSpec chief=1, worker=1, ps=1, task=ps:0>",
         ),
         (ClusterSpec({}), "<ClusterSpec single process>"),
     ],
@@ -754,6 +756,15 @@ TF_CONFIG_ERRORS = [
         _tf({"chief": ["c:1"], "ps": ["p:1"]}, {"type": "chief", "index": 0}),
         ["A 'ps' job (['p:1']) needs a 'worker' job"],
         id="ps-and-chief-no-workers",
+    ),
+    pytest.param(
+        _tf({"worker": ["w:1", "w:2"], "ps": ["p:1"]}, W0),
+        [
+            "A parameter-server cluster needs a 'chief' job",
+            "{'worker': ['w:1', 'w:2'], 'ps': ['p:1']}",
+            'HINT: add "chief"',
+        ],
+        id="ps-without-a-chief",
     ),
     pytest.param(
         _tf({"evaluator": ["e:1"]}, {"type": "evaluator", "index": 0}),

@@ -191,7 +191,26 @@ def _as_structure(data):
             f"The arrays in data have different numbers of examples: {shapes}. HINT: every "
             "array needs the same first dimension."
         )
-    return structure, lengths.pop()
+    examples = lengths.pop()
+    if examples == 0:
+        shapes = tf.nest.map_structure(lambda a: a.shape, structure)
+        raise ValueError(
+            f"data is empty: its arrays have 0 examples (shapes {shapes}). HINT: check that "
+            "the data was loaded (a filter or a split can leave nothing)."
+        )
+    return structure, examples
+
+
+def _refuse_empty_dataset(dataset) -> None:
+    """A dataset whose cardinality is known to be 0 would end training before its first step."""
+    import tensorflow as tf
+
+    if tf.get_static_value(dataset.cardinality()) == 0:
+        raise ValueError(
+            f"data is an empty tf.data.Dataset (cardinality 0): {dataset!r}. HINT: check "
+            "its source, filter, take() or batch(drop_remainder=True) with fewer examples "
+            "than one batch."
+        )
 
 
 def steps_per_pass(data, global_batch_size: Optional[int] = None) -> Optional[int]:
@@ -340,6 +359,7 @@ def dataset_fn_for(
             )
         structure, _ = _as_structure(data)
         return _ArraysFn(structure, settings)
+    _refuse_empty_dataset(data)
     if global_batch_size is None:
         _refuse_on_batched(shuffle, map_fn, batch_map_fn)
     return _DatasetFn(data, settings)
@@ -755,6 +775,7 @@ def distribute_dataset(
             dataset_fn_for(data)  # raises the error that names the fix
         structure, _ = _as_structure(data)
         data = tf.data.Dataset.from_tensor_slices(structure)
+    _refuse_empty_dataset(data)
     policy, reason = shard_policy(data, workers)
     _warn_data_sharding(policy, reason, workers)
     if global_batch_size is None:

@@ -106,10 +106,13 @@ def fit(
     """
     from tfdist.strategy import make_strategy
 
-    if strategy is None:
-        strategy = make_strategy()  # in a parameter-server job's worker/ps tasks: serves
+    # Checked before the strategy is made: a multi-worker start-up waits for the peers.
     if not is_count(epochs, 1):
         raise ValueError(f"epochs must be a positive integer. Received: epochs={epochs!r}.")
+    _check_steps("steps_per_epoch", steps_per_epoch)
+    _check_steps("validation_steps", validation_steps)
+    if strategy is None:
+        strategy = make_strategy()  # in a parameter-server job's worker/ps tasks: serves
     model = _build(build_model, strategy)
     verbose = _chief_verbose(verbose)
     if _is_parameter_server(strategy):
@@ -174,16 +177,23 @@ def fit(
             validation_steps = data_lib.steps_per_pass(validation_data, global_batch_size)
         # shuffle=False: `dataset` is already shuffled as asked (Keras 3 warns that it
         # ignores its default shuffle=True for a dataset)
-        history = model.fit(
-            dataset,
-            epochs=epochs,
-            steps_per_epoch=steps_per_epoch,
-            validation_data=validation,
-            validation_steps=validation_steps,
-            callbacks=callbacks,
-            verbose=verbose,
-            shuffle=False,
-        )
+        try:
+            history = model.fit(
+                dataset,
+                epochs=epochs,
+                steps_per_epoch=steps_per_epoch,
+                validation_data=validation,
+                validation_steps=validation_steps,
+                callbacks=callbacks,
+                verbose=verbose,
+                shuffle=False,
+            )
+        except StopIteration as err:  # Keras' bare error for data that yields no batch
+            raise ValueError(
+                "The data gave no batch: it is empty (e.g. filtered to nothing, or fewer "
+                "examples than one batch with drop_remainder=True). HINT: check the dataset "
+                "with `for batch in dataset.take(1): print(batch)`."
+            ) from err
     if getattr(history, "model", None) is not model:
         history.set_model(model)  # Keras 3's History.model is a read-only property
     return history
@@ -212,6 +222,7 @@ def evaluate(
     Returns:
         dict of metric values (or a list with return_dict=False), aggregated over all replicas.
     """
+    _check_steps("steps", steps)
     if strategy is None:
         strategy = getattr(model, "distribute_strategy", None) or _default_strategy()
     verbose = _chief_verbose(verbose)
@@ -235,6 +246,16 @@ def evaluate(
     if steps is None and flavour.uses_legacy_keras():  # tf_keras needs it for this dataset
         steps = data_lib.steps_per_pass(data, global_batch_size)
     return model.evaluate(dataset, steps=steps, verbose=verbose, return_dict=return_dict)
+
+
+def _check_steps(name: str, value) -> None:
+    """Step counts are None (one pass over the data) or a positive int; never 0 or negative
+    (Keras reads a negative count as "until the data ends", which on repeated data is never)."""
+    if value is not None and not is_count(value, 1):
+        raise ValueError(
+            f"{name} must be a positive integer or None (one pass over the data). Received: "
+            f"{name}={value!r}. HINT: steps = number of examples // global_batch_size."
+        )
 
 
 def _default_strategy():

@@ -142,6 +142,13 @@ def _normalize_cluster(cluster: Any) -> dict:
             f"A 'ps' job ({list(jobs['ps'])!r}) needs a 'worker' job to train: parameter "
             "servers only hold variables. HINT: add workers, e.g. --worker host:port."
         )
+    if "ps" in jobs and "chief" not in jobs:
+        raise ClusterConfigError(
+            f"A parameter-server cluster needs a 'chief' job: the coordinator that runs the "
+            f"training program while the workers and ps tasks serve. Received: {_plain(jobs)!r}. "
+            'HINT: add "chief": ["host:port"] to the cluster (TF_CONFIG, --chief host:port, '
+            "ClusterSpec.local(..., chief=True)); `tfdist launch --ps N` adds it for you."
+        )
     if jobs and not ("chief" in jobs or "worker" in jobs):
         raise ClusterConfigError(
             f"The cluster {_plain(jobs)!r} has no 'chief' or 'worker' job, so nothing would "
@@ -380,7 +387,8 @@ class ClusterSpec:
         Args:
             workers: int. Number of worker tasks (>= 1). Defaults to 1.
             ps: int. Number of parameter-server tasks. Defaults to 0.
-            chief: bool. Whether to add a chief task. Defaults to False.
+            chief: bool. Whether to add a chief task. Defaults to False; a cluster with ps
+                tasks always gets one (its coordinator).
             evaluator: bool. Whether to add an evaluator task. Defaults to False.
             task_type / task_index: the current task. Defaults to the chief, else worker 0.
             host: str. The loopback address. Defaults to "127.0.0.1".
@@ -395,7 +403,7 @@ class ClusterSpec:
                 f"local() needs at least one worker. Received: workers={workers}."
             )
         counts = {
-            "chief": int(bool(chief)),
+            "chief": int(bool(chief) or ps > 0),
             "worker": workers,
             "ps": ps,
             "evaluator": int(bool(evaluator)),

@@ -10,7 +10,13 @@ import re
 
 from tfdist.errors import is_count
 
-__all__ = ["check_devices", "local_devices", "runtime_initialized", "virtual_cpus"]
+__all__ = [
+    "available_devices",
+    "check_devices",
+    "local_devices",
+    "runtime_initialized",
+    "virtual_cpus",
+]
 
 
 def context():
@@ -108,4 +114,37 @@ def check_devices(devices) -> list:
         raise ValueError(f"devices {bad!r} are not device strings like '/gpu:0' or '/cpu:1'.")
     if len(set(d.lower() for d in devices)) != len(devices):
         raise ValueError(f"devices={list(devices)!r} names a device twice.")
+    local = [d for d in devices if "/job:" not in d.lower() and "tpu:" not in d.lower()]
+    if local:
+        existing = available_devices()
+        missing = [d for d in local if _canonical(d) not in existing]
+        if missing:
+            raise ValueError(
+                f"devices {missing!r} do not exist in this process, which has: "
+                f"{', '.join(existing)}. HINT: pick from those, leave devices out to use all, "
+                "or call tfdist.virtual_cpus(n) first thing for n logical CPUs."
+            )
     return list(devices)
+
+
+def _canonical(device: str) -> str:
+    """ "/device:GPU:1", "GPU:1", "/gpu:1" -> "/gpu:1"."""
+    kind, index = re.search(r"(cpu|gpu|tpu):(\d+)$", device.lower()).groups()
+    return f"/{kind}:{int(index)}"
+
+
+def available_devices() -> list:
+    """Every local GPU and logical CPU, as "/gpu:0", "/cpu:0"... Does not initialise the runtime."""
+    import tensorflow as tf
+
+    if runtime_initialized():
+        return [
+            _short_name(d.name)
+            for kind in ("GPU", "CPU")
+            for d in tf.config.list_logical_devices(kind)
+        ]
+    gpus = tf.config.list_physical_devices("GPU")
+    count = sum(len(tf.config.get_logical_device_configuration(g) or [None]) for g in gpus)
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    cpus = len(tf.config.get_logical_device_configuration(cpu) or [None])
+    return [f"/gpu:{i}" for i in range(count)] + [f"/cpu:{i}" for i in range(cpus)]

@@ -153,7 +153,7 @@ def exit_barrier(timeout: float = 120.0) -> None:
     for key, strategy in list(_MWMS_CACHE.items()):
         if key != ("local",):
             strategy.run(
-                lambda: tf.distribute.get_replicacontext().all_reduce(
+                lambda: tf.distribute.get_replica_context().all_reduce(
                     tf.distribute.ReduceOp.SUM, tf.constant(1.0), options=options
                 )
             )
