@@ -105,10 +105,13 @@ def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:
         if not is_int(value):
             raise TypeError(
                 f"{name} must be an int. Received: {name}={value!r} (of type "
-                f"{type(value).__name__})."
+                f"{type(value).__name__}). HINT: e.g. {name}=64."
             )
         if value < 1:
-            raise ValueError(f"{name} must be >= 1. Received: {name}={value}.")
+            raise ValueError(
+                f"{name} must be >= 1. Received: {name}={value}. HINT: the global batch is "
+                "the per-replica batch times the number of replicas, e.g. 32 x replicas."
+            )
     if global_batch_size % num_replicas:
         lower = global_batch_size // num_replicas * num_replicas
         upper = lower + num_replicas
@@ -905,11 +908,13 @@ def scale_learning_rate(base_lr, num_replicas, *, warmup_steps: int = 0, name=No
     if not is_count(replicas, 1):
         raise ValueError(
             f"num_replicas must be a positive int or a strategy. Received: "
-            f"num_replicas={num_replicas!r}."
+            f"num_replicas={num_replicas!r}. HINT: pass the strategy itself, or "
+            "strategy.num_replicas_in_sync."
         )
     if not is_count(warmup_steps):
         raise ValueError(
-            f"warmup_steps must be an int >= 0. Received: warmup_steps={warmup_steps!r}."
+            f"warmup_steps must be an int >= 0. Received: warmup_steps={warmup_steps!r}. "
+            "HINT: 0 for no warmup."
         )
     cls = _schedule_class()
     if isinstance(base_lr, (int, float)) and not isinstance(base_lr, bool):

@@ -202,7 +202,7 @@ def _canonical_policy(policy) -> str:
     if not isinstance(policy, str):
         raise TypeError(
             f"The precision policy must be a string. Received: policy={policy!r} (of type "
-            f"{type(policy).__name__}). Choose one of: {', '.join(PRECISION_CHOICES)}."
+            f"{type(policy).__name__}). HINT: choose one of: {', '.join(PRECISION_CHOICES)}."
         )
     key = policy.strip().lower().replace("-", "_")
     if key not in PRECISION_CHOICES:

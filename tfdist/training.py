@@ -26,7 +26,7 @@ def _is_parameter_server(strategy) -> bool:
 
 
 def _build(build_model: Callable, strategy):
-    if not callable(build_model):
+    if not callable(build_model) or hasattr(build_model, "compile"):  # a model is callable
         raise TypeError(
             f"build_model must be a callable that returns a compiled Keras model (tfdist calls "
             f"it inside strategy.scope()). Received: {build_model!r}. HINT: pass the function, "
@@ -37,7 +37,8 @@ def _build(build_model: Callable, strategy):
     if not hasattr(model, "fit") or not hasattr(model, "compile"):
         raise TypeError(
             f"build_model() must return a Keras model. It returned: {model!r} (of type "
-            f"{type(model).__name__})."
+            f"{type(model).__name__}). HINT: end build_model with `return model`, after "
+            "model.compile(...)."
         )
     if not getattr(model, "compiled", getattr(model, "_is_compiled", False)):
         raise ValueError(
@@ -108,7 +109,10 @@ def fit(
 
     # Checked before the strategy is made: a multi-worker start-up waits for the peers.
     if not is_count(epochs, 1):
-        raise ValueError(f"epochs must be a positive integer. Received: epochs={epochs!r}.")
+        raise ValueError(
+            f"epochs must be a positive integer. Received: epochs={epochs!r}. HINT: train at "
+            "least one epoch, e.g. epochs=1."
+        )
     _check_steps("steps_per_epoch", steps_per_epoch)
     _check_steps("validation_steps", validation_steps)
     if strategy is None:

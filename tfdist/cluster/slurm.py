@@ -20,6 +20,8 @@ from tfdist.errors import ClusterConfigError
 
 __all__ = ["SlurmEnvironment", "expand_nodelist", "expand_tasks_per_node"]
 
+_NODELIST_HINT = "SLURM writes node lists like 'gpu-a[01-03,07],cpu1' (scontrol show hostnames)."
+
 
 class SlurmEnvironment:
     """A task of a SLURM `srun` step.
@@ -89,12 +91,14 @@ class SlurmEnvironment:
         if len(per_node) != len(nodes):
             raise ClusterConfigError(
                 f"SLURM_STEP_TASKS_PER_NODE={per_node_text!r} describes {len(per_node)} node(s) "
-                f"but SLURM_STEP_NODELIST={nodelist!r} names {len(nodes)}."
+                f"but SLURM_STEP_NODELIST={nodelist!r} names {len(nodes)}. HINT: are the "
+                "variables from two different steps?"
             )
         if sum(per_node) != ntasks:
             raise ClusterConfigError(
                 f"SLURM_STEP_TASKS_PER_NODE={per_node_text!r} adds up to {sum(per_node)} tasks, "
-                f"but SLURM_STEP_NUM_TASKS={ntasks}."
+                f"but SLURM_STEP_NUM_TASKS={ntasks}. HINT: are the variables from two different "
+                "steps? Run under srun, which sets them together."
             )
         if rank >= ntasks:
             raise ClusterConfigError(
@@ -151,7 +155,9 @@ def expand_nodelist(nodelist: str) -> List[str]:
         ClusterConfigError: unbalanced brackets, an empty name or a decreasing range.
     """
     if not isinstance(nodelist, str) or not nodelist.strip():
-        raise ClusterConfigError(f"Empty SLURM node list. Received: {nodelist!r}.")
+        raise ClusterConfigError(
+            f"Empty SLURM node list. Received: {nodelist!r}. HINT: {_NODELIST_HINT}"
+        )
     hosts: List[str] = []
     for item in _split_top_level(nodelist.strip(), nodelist):
         hosts.extend(_expand_host(item, nodelist))
@@ -164,20 +170,28 @@ def _split_top_level(text: str, whole: str) -> List[str]:
         if char == "[":
             depth += 1
             if depth > 1:
-                raise ClusterConfigError(f"Nested '[' in SLURM node list {whole!r}.")
+                raise ClusterConfigError(
+                    f"Nested '[' in SLURM node list {whole!r}. HINT: {_NODELIST_HINT}"
+                )
         elif char == "]":
             depth -= 1
             if depth < 0:
-                raise ClusterConfigError(f"Unbalanced ']' in SLURM node list {whole!r}.")
+                raise ClusterConfigError(
+                    f"Unbalanced ']' in SLURM node list {whole!r}. HINT: {_NODELIST_HINT}"
+                )
         elif char == "," and depth == 0:
             items.append(text[start:i])
             start = i + 1
     if depth:
-        raise ClusterConfigError(f"Unbalanced '[' in SLURM node list {whole!r}.")
+        raise ClusterConfigError(
+            f"Unbalanced '[' in SLURM node list {whole!r}. HINT: {_NODELIST_HINT}"
+        )
     items.append(text[start:])
     for item in items:
         if not item.strip():
-            raise ClusterConfigError(f"Empty host name in SLURM node list {whole!r}.")
+            raise ClusterConfigError(
+                f"Empty host name in SLURM node list {whole!r}. HINT: {_NODELIST_HINT}"
+            )
     return [item.strip() for item in items]
 
 
@@ -195,12 +209,16 @@ def _expand_host(pattern: str, whole: str) -> List[str]:
         elif len(bounds) == 2 and bounds[0].isdigit() and bounds[1].isdigit():
             low, high = int(bounds[0]), int(bounds[1])
             if low > high:
-                raise ClusterConfigError(f"Decreasing range {part!r} in SLURM node list {whole!r}.")
+                raise ClusterConfigError(
+                    f"Decreasing range {part!r} in SLURM node list {whole!r}. HINT: write "
+                    "ranges low-high, e.g. 01-04."
+                )
             width = len(bounds[0])
             values = [str(v).zfill(width) for v in range(low, high + 1)]
         else:
             raise ClusterConfigError(
-                f"{part!r} in SLURM node list {whole!r} is not a number or a range like 01-04."
+                f"{part!r} in SLURM node list {whole!r} is not a number or a range like 01-04. "
+                f"HINT: {_NODELIST_HINT}"
             )
         for value in values:
             out.extend(_expand_host(prefix + value + suffix, whole))
@@ -213,7 +231,10 @@ def expand_tasks_per_node(text: str) -> List[int]:
     for part in str(text).split(","):
         match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
         if not match:
-            raise ClusterConfigError(f"SLURM tasks-per-node value {text!r} is not like '2(x3),1'.")
+            raise ClusterConfigError(
+                f"SLURM tasks-per-node value {text!r} is not like '2(x3),1'. HINT: use the "
+                "value srun sets (SLURM_STEP_TASKS_PER_NODE)."
+            )
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     return counts
 
@@ -230,9 +251,13 @@ def _int_var(env: Mapping[str, str], name: str, fallback: Optional[str] = None) 
     try:
         number = int(str(value).strip())
     except ValueError:
-        raise ClusterConfigError(f"{used}={value!r} is not an integer.") from None
+        raise ClusterConfigError(
+            f"{used}={value!r} is not an integer. HINT: run the task under srun, which sets it."
+        ) from None
     if number < 0:
-        raise ClusterConfigError(f"{used}={value!r} must not be negative.")
+        raise ClusterConfigError(
+            f"{used}={value!r} must not be negative. HINT: run the task under srun, which sets it."
+        )
     return number
 
 

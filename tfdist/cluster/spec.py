@@ -59,11 +59,12 @@ def _parse_index(index: Any, where: str) -> int:
             return int(index)
         raise ClusterConfigError(
             f"{where}: the task index must be a non-negative integer. Received: {index!r} "
-            f"(of type {type(index).__name__})."
+            f'(of type {type(index).__name__}). HINT: write it as a number, e.g. "index": 0.'
         )
     if index < 0:
         raise ClusterConfigError(
-            f"{where}: the task index must be a non-negative integer. Received: {index}."
+            f"{where}: the task index must be a non-negative integer. Received: {index}. "
+            "HINT: task indices count from 0."
         )
     return index
 
@@ -245,7 +246,8 @@ class ClusterSpec:
                 raise ClusterConfigError(
                     f"Task {task_type}:{task_index} is not in the cluster: job {task_type!r} has "
                     f"{len(jobs[task_type])} task(s), so the index must be 0 to "
-                    f"{len(jobs[task_type]) - 1}."
+                    f"{len(jobs[task_type]) - 1}. HINT: fix task.index, or add the task's "
+                    "address to the job."
                 )
         object.__setattr__(self, "_jobs", MappingProxyType(jobs))
         object.__setattr__(self, "_task_type", task_type)
@@ -297,7 +299,9 @@ class ClusterSpec:
         if not isinstance(tf_config, Mapping):
             raise ClusterConfigError(
                 "TF_CONFIG must be a JSON object with 'cluster' and 'task'. Received: "
-                f"{_shorten(repr(tf_config))} (of type {type(tf_config).__name__})."
+                f"{_shorten(repr(tf_config))} (of type {type(tf_config).__name__}). HINT: "
+                'TF_CONFIG=\'{"cluster": {"worker": ["host:port"]}, "task": {"type": "worker", '
+                '"index": 0}}\'.'
             )
         unknown_keys = sorted(set(tf_config) - {"cluster", "task", "environment", "rpc_layer"})
         if unknown_keys:
@@ -317,7 +321,8 @@ class ClusterSpec:
             if sum(len(a) for a in jobs.values()) > 1:
                 raise ClusterConfigError(
                     "TF_CONFIG has no 'task', but its cluster has several tasks. Every process "
-                    'needs its own task, e.g. "task": {"type": "worker", "index": 0}.'
+                    'needs its own task. HINT: add "task": {"type": "worker", "index": 0} (its '
+                    "own type and index in each process)."
                 )
             return cls(jobs)
         if not isinstance(task, Mapping) or "type" not in task:
@@ -328,7 +333,7 @@ class ClusterSpec:
         if task["type"] not in JOB_NAMES:
             raise ClusterConfigError(
                 f"TF_CONFIG task type {task['type']!r} is not a known job. Choose from: "
-                f"{', '.join(JOB_NAMES)}."
+                f"{', '.join(JOB_NAMES)}. HINT: 'master' is the old name of 'chief'."
             )
         return cls(cluster, task["type"], _parse_index(task.get("index", 0), "TF_CONFIG task"))
 
@@ -396,11 +401,13 @@ class ClusterSpec:
         for name, value in (("workers", workers), ("ps", ps)):
             if not is_count(value):
                 raise ClusterConfigError(
-                    f"local() needs a non-negative integer for {name}. Received: {name}={value!r}."
+                    f"local() needs a non-negative integer for {name}. Received: {name}={value!r}. "
+                    "HINT: e.g. ClusterSpec.local(workers=2, ps=1)."
                 )
         if workers < 1:
             raise ClusterConfigError(
-                f"local() needs at least one worker. Received: workers={workers}."
+                f"local() needs at least one worker. Received: workers={workers}. HINT: "
+                "workers=1 or more."
             )
         counts = {
             "chief": int(bool(chief) or ps > 0),

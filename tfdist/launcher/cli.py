@@ -281,7 +281,7 @@ def _cmd_launch(args) -> int:
         print(
             "tfdist launch: error: --workers must be >= 1, --ps and --max-restarts >= 0 "
             f"(received --workers {args.workers} --ps {args.ps} --max-restarts "
-            f"{args.max_restarts})",
+            f"{args.max_restarts}). HINT: e.g. --workers 2 --ps 0 --max-restarts 1",
             file=sys.stderr,
         )
         return 2

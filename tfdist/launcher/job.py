@@ -390,7 +390,8 @@ def launch(
     """
     if not is_count(max_restarts):
         raise ValueError(
-            f"max_restarts must be a non-negative integer. Received: {max_restarts!r}."
+            f"max_restarts must be a non-negative integer. Received: "
+            f"max_restarts={max_restarts!r}. HINT: 0 runs the job once; 1 restarts it once."
         )
     out = out or sys.stdout
     attempt = 0

@@ -113,7 +113,9 @@ def check_devices(devices) -> list:
     if bad:
         raise ValueError(f"devices {bad!r} are not device strings like '/gpu:0' or '/cpu:1'.")
     if len(set(d.lower() for d in devices)) != len(devices):
-        raise ValueError(f"devices={list(devices)!r} names a device twice.")
+        raise ValueError(
+            f"devices={list(devices)!r} names a device twice. HINT: list each device once."
+        )
     local = [d for d in devices if "/job:" not in d.lower() and "tpu:" not in d.lower()]
     if local:
         existing = available_devices()
