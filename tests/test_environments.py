@@ -1,4 +1,4 @@
-"""Unit tests for tfdist.cluster.environments and tfdist.cluster.slurm: env mapping -> ClusterSpec, SLURM parsing.
+"""Unit tests for tfdist.cluster.environments and tfdist.cluster.slurm: env -> ClusterSpec.
 
 Every test passes a plain env dict (or a read-only mapping); only the os.environ fallback test
 uses monkeypatch.
