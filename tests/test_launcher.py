@@ -277,7 +277,7 @@ def test_the_summary_gives_steps_per_second_for_tasks_that_trained():
 
 
 def test_a_report_is_read_only_when_a_fit_ended(tmp_path):
-    from tfdist.launcher import report as _report
+    from tfdist import training_report as _report
 
     path = tmp_path / "task.json"
     assert _report.read(str(path)) is None  # never written (a server, a script without fit)

@@ -89,3 +89,27 @@ def test_the_leaves_import_no_other_tfdist_module():
     for leaf in ("tfdist.releases", "tfdist.settings", "tfdist.fixes.record"):
         allowed = {"tfdist.releases"} if leaf == "tfdist.fixes.record" else set()
         assert graph[leaf] <= allowed, (leaf, graph[leaf])
+
+
+def package_graph(graph: dict) -> dict:
+    """The same graph with each module folded into its top-level part of tfdist
+    (tfdist.strategy.factory -> tfdist.strategy): the rooms a newcomer sees."""
+
+    def room(name):
+        return ".".join(name.split(".")[:2])
+
+    folded = {room(name): set() for name in graph}
+    for name, targets in graph.items():
+        folded[room(name)] |= {room(t) for t in targets if room(t) != room(name)}
+    return folded
+
+
+def test_the_packages_import_each_other_one_way():
+    """No two packages (or top-level modules) import each other, even through different
+    modules: tfdist.strategy importing tfdist.launcher while the launcher imports the strategy
+    would make them one concept in two places."""
+    graph = import_graph()
+    del graph["tfdist"]  # the package's own __init__ re-exports every part
+    for targets in graph.values():
+        targets.discard("tfdist")
+    assert cycles(package_graph(graph)) == []

@@ -2,7 +2,6 @@
 
 - `job`: `plan_job` (pure: the cluster and each task's command and TF_CONFIG), `run_job` (the
   processes, their output, stopping them all), `launch` (both, with restarts).
-- `report`: what each task trained, for the launcher's summary line.
 - `cli`: the `tfdist` command (env, tf-config, launch, serve, doctor).
 - `smoke_job`: the 2-process job `tfdist doctor` runs.
 - `run_function`: the child side of `tfdist.testing.run_cluster` (one function in one task).

@@ -29,9 +29,9 @@ import time
 from typing import Dict, List, Mapping, Optional, Sequence, TextIO
 
 from tfdist import settings
+from tfdist import training_report as _report
 from tfdist.cluster import ClusterSpec
 from tfdist.errors import is_count
-from tfdist.launcher import report as _report
 
 __all__ = ["JobFailed", "JobResult", "TaskPlan", "TaskResult", "launch", "plan_job", "run_job"]
 
@@ -176,7 +176,7 @@ class _Task:
         self.stopped = False
         env = dict(os.environ)
         env.update(plan.env)
-        # Where the task reports the steps it trained (tfdist.launcher.report), for the summary.
+        # Where the task reports the steps it trained (tfdist.training_report), for the summary.
         self.report = env.setdefault(
             settings.REPORT_FILE.name,
             os.path.join(report_dir, plan.task.replace(":", "-") + ".json"),

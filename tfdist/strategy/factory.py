@@ -154,7 +154,7 @@ def make_strategy(
     strategy = record.build(
         cluster=cluster, devices=devices, found=found, communication=communication, **options
     )
-    from tfdist.launcher import report
+    from tfdist import training_report as report
 
     report.install()  # under `tfdist launch`: the steps/s of the summary line
     return strategy

@@ -1,5 +1,7 @@
 """What a task of a `tfdist launch` job trained, for the launcher's summary line.
 
+A leaf below the strategy (which installs it) and the launcher (which reads it).
+
 The launcher gives each task a file path in TFDIST_REPORT_FILE. In such a task,
 `make_strategy` calls `install()`, which wraps Keras' `CallbackList.on_train_begin` /
 `on_train_end` (of the Keras the process uses, Keras 3 or tf_keras): every `fit` in the
