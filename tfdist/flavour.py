@@ -1,10 +1,11 @@
-"""The one home of TensorFlow / Keras version gates and of the Keras flavour.
+"""Which Keras is in use (Keras 3 or tf_keras) and its version: every other module asks here.
 
 tfdist supports Keras 3 (the default Keras since TensorFlow 2.16) and tf_keras (the legacy
-Keras 2, selected by TensorFlow when TF_USE_LEGACY_KERAS=1). Every other module asks this one
-which Keras is in use, instead of testing versions itself.
+Keras 2, selected by TensorFlow when TF_USE_LEGACY_KERAS=1). The releases tfdist supports are
+in tfdist.releases; the fixes per Keras release in tfdist.fixes. Also here: progress bars on
+the chief only (Keras' CallbackList, of either flavour).
 
-Nothing here imports TensorFlow at import time.
+Imports tfdist.settings and tfdist.releases; nothing here imports TensorFlow at import time.
 """
 
 from __future__ import annotations
