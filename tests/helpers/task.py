@@ -1,4 +1,5 @@
-"""The task context tests start with no task set and no cluster in the environment."""
+"""Tests that read the task context start with no task set and no cluster in the
+environment (the precision tests: the chief-only messages read it)."""
 
 import pytest
 

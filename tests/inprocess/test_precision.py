@@ -21,6 +21,7 @@ from helpers.precision import (
     close_losses,
     regression_data,
 )
+from helpers.task import no_task_set  # noqa: F401  (autouse: the chief-only messages read it)
 
 SINGLE = tfdist.ClusterSpec({})
 
