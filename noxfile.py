@@ -62,6 +62,6 @@ def oldest(session):
 def table(session):
     """Prints the matrix table (scenario by pair) from .nox/results/*.json."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from matrix_table import render
+    from helpers.matrix_table import render
 
     print(render(RESULTS, [r.name for r in MATRIX]))

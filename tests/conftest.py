@@ -1,10 +1,25 @@
-"""Shared set-up; the tfdist.testing plugin itself is loaded through its entry point.
+"""Shared set-up for every tier; the tfdist.testing plugin is loaded through its entry point.
+
+The tests are sorted by tier, one directory each; every test gets its tier's marker, so
+`pytest -m "not cluster"` runs the fast tiers:
+
+    unit/       pure Python: never imports TensorFlow (parsing, validation, plans, records, docs)
+    inprocess/  real TensorFlow in the pytest process (the 4 logical CPUs, in-process servers)
+    cluster/    starts processes: run_cluster, the launcher, subprocesses, examples, the doctor
+    helpers/    what several tiers share, imported as `helpers.<module>`; no tests
+
+pytest imports this file first and puts tests/ on sys.path (its "prepend" import mode; no
+__init__.py in tests/ or in the tier directories), so `helpers` imports from every tier, and
+run_cluster passes that path on to its child processes. Test module names are their file
+names: no two test files may share one, in any tier.
 
 The logical CPU count is fixed once per process (setup.cfg: tfdist_virtual_cpus = 4), before
-any test initialises TensorFlow; tests that need another count run in a subprocess.
+any test outside tests/unit can initialise TensorFlow; tests that need another count run in a
+subprocess.
 """
 
 import os
+import pathlib
 
 import pytest
 
@@ -14,9 +29,26 @@ pytest_plugins = ["pytester"]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+TESTS = pathlib.Path(__file__).resolve().parent
+TIERS = {
+    "unit": "pure Python, no TensorFlow (tests/unit)",
+    "inprocess": "real TensorFlow in the pytest process, no child process (tests/inprocess)",
+    "cluster": "starts processes: local clusters, jobs, subprocesses (tests/cluster)",
+}
+
+
+def _path_in_tests(item):
+    """The item's file relative to tests/ ("cluster/test_x.py"), or None outside tests/."""
+    try:
+        return pathlib.Path(item.path).resolve().relative_to(TESTS).as_posix()
+    except ValueError:
+        return None
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _logical_cpus_first(virtual_cpus):
-    """Splits the CPU before any test can initialise TensorFlow."""
+    """Splits the CPU before any test can initialise TensorFlow (tests/unit overrides this:
+    its tests never import TensorFlow, and run without it)."""
     return virtual_cpus
 
 
@@ -26,96 +58,113 @@ def _logical_cpus_first(virtual_cpus):
 # pair of tfdist.releases.MATRIX), and `--scenario-report=FILE` writes each row's outcome.
 SCENARIOS = {
     "mirrored: validation_split, uneven last batch": [
-        "test_keras_mirrored.py::test_validation_split_with_an_uneven_last_batch"
+        "cluster/test_keras_mirrored.py::test_validation_split_with_an_uneven_last_batch"
     ],
     "mirrored: dataset batches that do not split": [
-        "test_keras_mirrored.py::test_batches_that_do_not_split_over_the_replicas",
-        "test_keras_mirrored.py::test_fit_evaluate_predict_dicts_and_sample_weights",
+        "cluster/test_keras_mirrored.py::test_batches_that_do_not_split_over_the_replicas",
+        "cluster/test_keras_mirrored.py::test_fit_evaluate_predict_dicts_and_sample_weights",
     ],
-    "mirrored: string inputs": ["test_keras_mirrored.py::test_string_inputs_through_string"],
-    "mirrored: steps_per_execution": ["test_keras_mirrored.py::test_steps_per_execution"],
+    "mirrored: string inputs": [
+        "cluster/test_keras_mirrored.py::test_string_inputs_through_string"
+    ],
+    "mirrored: steps_per_execution": ["cluster/test_keras_mirrored.py::test_steps_per_execution"],
     "mirrored: gradient_accumulation_steps": [
-        "test_keras_mirrored.py::test_gradient_accumulation_matches_one_device"
+        "cluster/test_keras_mirrored.py::test_gradient_accumulation_matches_one_device"
     ],
-    "mirrored: Dropout mask per replica": ["test_keras_mirrored.py::test_dropout_draws"],
-    "mirrored: Embedding with jit_compile": ["test_keras_mirrored.py::test_sparse_embedding"],
+    "mirrored: Dropout mask per replica": ["cluster/test_keras_mirrored.py::test_dropout_draws"],
+    "mirrored: Embedding with jit_compile": [
+        "cluster/test_keras_mirrored.py::test_sparse_embedding"
+    ],
     "mirrored: equals one-device training": [
-        "test_keras_mirrored.py::test_training_equals_one_device_training"
+        "cluster/test_keras_mirrored.py::test_training_equals_one_device_training"
     ],
     "mirrored: optimizer made outside the scope": [
-        "test_keras_mirrored.py::test_optimizer_made_outside_the_scope"
+        "cluster/test_keras_mirrored.py::test_optimizer_made_outside_the_scope"
     ],
     "multi_worker: fit, evaluate, predict": [
-        "test_keras_multi_worker_integration.py::test_fit_evaluate_predict_on_two_workers",
-        "test_keras_multi_worker_integration.py::test_keras_3_alone_fails_where_tfdist_works",
-        "test_keras_multi_worker_integration.py::test_each_multi_worker_fix_is_needed",
-        "test_keras_multi_worker_integration.py::test_same_scenarios_on_tf_keras",
+        "cluster/test_keras_multi_worker_integration.py::test_fit_evaluate_predict_on_two_workers",
+        "cluster/test_keras_multi_worker_integration.py::test_keras_3_alone_fails_where_tfdist_works",
+        "cluster/test_keras_multi_worker_integration.py::test_each_multi_worker_fix_is_needed",
+        "cluster/test_keras_multi_worker_integration.py::test_same_scenarios_on_tf_keras",
     ],
     "multi_worker: steps_per_execution": [
-        "test_keras_multi_worker_integration.py::test_steps_per_execution_fails",
-        "test_keras_multi_worker_integration.py::test_gradient_accumulation_and_steps",
+        "cluster/test_keras_multi_worker_integration.py::test_steps_per_execution_fails",
+        "cluster/test_keras_multi_worker_integration.py::test_gradient_accumulation_and_steps",
     ],
     "multi_worker: equals one device": [
-        "test_keras_multi_worker_integration.py::test_two_workers_train_exactly"
+        "cluster/test_keras_multi_worker_integration.py::test_two_workers_train_exactly"
     ],
     "multi_worker: Dropout, progress bars": [
-        "test_keras_multi_worker_integration.py::test_dropout_masks_differ",
-        "test_keras_multi_worker_integration.py::test_progress_bars_on_the_chief",
+        "cluster/test_keras_multi_worker_integration.py::test_dropout_masks_differ",
+        "cluster/test_keras_multi_worker_integration.py::test_progress_bars_on_the_chief",
     ],
     "multi_worker: checkpoints and backup": [
-        "test_keras_multi_worker_integration.py::test_checkpoints_write_once"
+        "cluster/test_keras_multi_worker_integration.py::test_checkpoints_write_once"
     ],
-    "multi_worker: restart after a worker is killed": ["test_launcher_integration.py::"],
+    "multi_worker: restart after a worker is killed": ["cluster/test_launcher_integration.py::"],
     "parameter_server: fit with validation and callbacks": [
-        "test_parameter_server_integration.py::test_each_kind_of_keras3_model",
-        "test_parameter_server_integration.py::test_batch_callbacks",
-        "test_parameter_server_integration.py::test_early_stopping",
-        "test_parameter_server_integration.py::test_evaluate_returns",
-        "test_parameter_server_integration.py::test_weights_files",
-        "test_parameter_server_integration.py::test_the_same_calls_train_a_tf_keras_model",
+        "cluster/test_parameter_server_integration.py::test_each_kind_of_keras3_model",
+        "cluster/test_parameter_server_integration.py::test_batch_callbacks",
+        "cluster/test_parameter_server_integration.py::test_early_stopping",
+        "cluster/test_parameter_server_integration.py::test_evaluate_returns",
+        "cluster/test_parameter_server_integration.py::test_weights_files",
+        "cluster/test_parameter_server_integration.py::test_the_same_calls_train_a_tf_keras_model",
     ],
     "parameter_server: the plain idiom": [
-        "test_parameter_server_integration.py::test_the_plain_keras_idiom",
-        "test_parameter_server_integration.py::test_one_worker_counts_every_step",
-        "test_parameter_server_integration.py::test_without_step_counts",
-        "test_parameter_server_integration.py::test_backup_and_restore",
-        "test_parameter_server.py::test_plain_fit_evaluate_predict_on_parameter_server",
+        "cluster/test_parameter_server_integration.py::test_the_plain_keras_idiom",
+        "cluster/test_parameter_server_integration.py::test_one_worker_counts_every_step",
+        "cluster/test_parameter_server_integration.py::test_without_step_counts",
+        "cluster/test_parameter_server_integration.py::test_backup_and_restore",
+        "cluster/test_parameter_server.py::test_plain_fit_evaluate_predict_on_parameter_server",
     ],
-    "parameter_server: lost worker, lost ps": ["test_parameter_server_faults.py::"],
+    "parameter_server: lost worker, lost ps": [
+        "cluster/test_parameter_server_faults.py::",
+        "inprocess/test_parameter_server_lost_tasks.py::",
+    ],
     "parameter_server: optimizer.iterations exact": [
-        "test_parameter_server.py::test_the_parameter_server_fixes_are_registered",
-        "test_parameter_server.py::test_assign_add_on_a_ps_variable",
-        "test_parameter_server.py::test_optimizer_iterations_count_every_step",
-        "test_parameter_server.py::test_both_ways_of_scheduling",
+        "cluster/test_parameter_server.py::test_the_parameter_server_fixes_are_registered",
+        "cluster/test_parameter_server.py::test_assign_add_on_a_ps_variable",
+        "cluster/test_parameter_server.py::test_optimizer_iterations_count_every_step",
+        "cluster/test_parameter_server.py::test_both_ways_of_scheduling",
     ],
     "parameter_server: sharded Embedding": [
-        "test_parameter_server.py::test_an_embedding_table_sharded",
-        "test_parameter_server_integration.py::test_an_embedding_table_sharded",
+        "cluster/test_parameter_server.py::test_an_embedding_table_sharded",
+        "cluster/test_parameter_server_integration.py::test_an_embedding_table_sharded",
     ],
     "parameter_server: sharded checkpoints": [
-        "test_parameter_server.py::test_a_sharded_model",
-        "test_parameter_server_integration.py::test_a_fresh_job_resumes",
-        "test_parameter_server_integration.py::test_a_sharded_checkpoint_restores",
+        "cluster/test_parameter_server.py::test_a_sharded_model",
+        "cluster/test_parameter_server_integration.py::test_a_fresh_job_resumes",
+        "cluster/test_parameter_server_integration.py::test_a_sharded_checkpoint_restores",
     ],
     "mixed precision on every strategy": [
-        "test_keras_mirrored.py::test_mixed_float16_skips_a_step",
-        "test_precision.py::test_mixed_bfloat16_on_mirrored",
-        "test_precision.py::test_custom_loop_loss_scaling",
-        "test_precision.py::test_mixed_precision_on_two_workers",
-        "test_precision.py::test_mixed_precision_on_parameter_server",
-        "test_precision.py::test_tfdist_fit_with_two_asynchronous_workers",
-        "test_precision.py::test_tf_keras_flavour_in_a_subprocess",
+        "cluster/test_keras_mirrored.py::test_mixed_float16_skips_a_step",
+        "inprocess/test_precision.py::test_mixed_bfloat16_on_mirrored",
+        "inprocess/test_precision.py::test_custom_loop_loss_scaling",
+        "cluster/test_precision_jobs.py::test_mixed_precision_on_two_workers",
+        "cluster/test_precision_jobs.py::test_mixed_precision_on_parameter_server",
+        "cluster/test_precision_jobs.py::test_tfdist_fit_with_two_asynchronous_workers",
+        "cluster/test_precision_jobs.py::test_tf_keras_flavour_in_a_subprocess",
     ],
-    "data: every example exactly once": ["test_data_integration.py::"],
+    "data: every example exactly once": ["cluster/test_data_integration.py::"],
 }
 
 
-def _scenario_of(nodeid: str):
-    path = nodeid.split("/")[-1]
+def _scenario_of(item):
+    """The README row `item` proves: its "tier/test_file.py::test_name[id]" against the prefixes."""
+    path = _path_in_tests(item)
+    if path is None:
+        return None
+    test_id = f"{path}::{item.nodeid.split('::', 1)[1]}"
     for name, prefixes in SCENARIOS.items():
-        if any(path.startswith(prefix) for prefix in prefixes):
+        if any(test_id.startswith(prefix) for prefix in prefixes):
             return name
     return None
+
+
+def _tier_of(item):
+    path = _path_in_tests(item)
+    tier = path.split("/")[0] if path else None
+    return tier if tier in TIERS else None
 
 
 def pytest_addoption(parser):
@@ -128,12 +177,17 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "scenario(name): proves a row of the README's 'What works where' table"
     )
+    for tier, meaning in TIERS.items():
+        config.addinivalue_line("markers", f"{tier}: {meaning}; set from the directory")
     config._scenario_outcomes = {}
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        name = _scenario_of(item.nodeid)
+        tier = _tier_of(item)
+        if tier:
+            item.add_marker(getattr(pytest.mark, tier))
+        name = _scenario_of(item)
         if name:
             item.add_marker(pytest.mark.scenario(name))
 

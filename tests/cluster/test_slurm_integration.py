@@ -1,0 +1,77 @@
+"""SLURM end to end on this machine: only the variables of a 2-task srun step are faked."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tfdist.cluster import free_ports
+
+from helpers.paths import EXAMPLES
+
+pytestmark = pytest.mark.slow
+
+EXAMPLE = os.path.join(EXAMPLES, "allreduce.py")
+
+
+def _two_consecutive_free_ports():
+    """srun's tasks on one node listen on base port + local task index."""
+    while True:
+        port = free_ports(1)[0]
+        if port < 65535 and _free(port + 1):
+            return port
+
+
+def _free(port):
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_two_task_srun_step_trains_without_tf_config():
+    port = _two_consecutive_free_ports()
+    procs = []
+    for rank in range(2):
+        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        env.update(
+            {
+                "SLURM_JOB_ID": "4242",
+                "SLURM_JOB_NAME": "train",
+                "SLURM_STEP_ID": "0",
+                "SLURM_PROCID": str(rank),
+                "SLURM_LOCALID": str(rank),
+                "SLURM_NODEID": "0",
+                "SLURM_STEP_NUM_TASKS": "2",
+                "SLURM_STEP_NUM_NODES": "1",
+                "SLURM_STEP_NODELIST": "localhost",
+                "SLURM_STEP_TASKS_PER_NODE": "2",
+                "TFDIST_SLURM_PORT": str(port),
+                "TFDIST_STARTUP_TIMEOUT": "60",
+            }
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, EXAMPLE],
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    try:
+        outputs = [p.communicate(timeout=150)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for rank, (proc, output) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0, output
+        assert (
+            f"CollectiveAllReduceStrategy with 2 replicas: task worker:{rank} gave "
+            f"{rank + 1}, all-reduced sum = 3"
+        ) in output

@@ -1,0 +1,40 @@
+"""tfdist.fit / tfdist.evaluate: every epoch trains its steps.
+
+Tier 1: steps_per_pass (on real datasets). Tier 2: mirrored on the logical CPUs of the pytest
+process (Keras 3). Tier 3, 2 workers with Keras 3 and with tf_keras:
+tests/cluster/test_training_workers.py.
+"""
+
+import numpy as np
+
+import tfdist
+from tfdist.data import steps_per_pass
+
+from helpers.training import (
+    BATCH,
+    EXAMPLES,
+    ONE_PASS,
+    _assert_every_epoch_trained_its_steps,
+    epochs_of_each_fit,
+)
+
+
+def test_steps_per_pass_counts_the_global_batches_of_known_data():
+    import tensorflow as tf
+
+    x = np.zeros((EXAMPLES, 4), "float32")
+    assert steps_per_pass((x, x[:, :1]), BATCH) == ONE_PASS
+    assert steps_per_pass({"a": x}, 50) == 4
+    assert steps_per_pass(x) is None  # arrays need the batch size
+    unbatched = tf.data.Dataset.from_tensor_slices(x)
+    assert steps_per_pass(unbatched, BATCH) == ONE_PASS
+    assert steps_per_pass(unbatched.batch(BATCH)) == ONE_PASS
+    assert steps_per_pass(unbatched.repeat(), BATCH) is None  # infinite
+    assert steps_per_pass(unbatched.filter(lambda v: True), BATCH) is None  # unknown
+    assert steps_per_pass(lambda context: unbatched) is None  # a dataset function
+
+
+def test_each_epoch_trains_its_steps_on_mirrored():
+    strategy = tfdist.make_strategy("mirrored", cluster=tfdist.ClusterSpec({}))
+    assert strategy.num_replicas_in_sync > 1
+    _assert_every_epoch_trained_its_steps(epochs_of_each_fit(strategy))
