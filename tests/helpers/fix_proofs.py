@@ -9,8 +9,8 @@ releases), and a `check` of the data that names the wrong number when the bug is
 `verdict(proof, outcomes)` says what a run showed: PASS (no bug), BUG (the upstream error or the
 wrong number) or OTHER (an unrelated failure). tests/cluster/test_each_fix.py runs every proof
 with all fixes on and with its fix alone removed (TFDIST_KERAS_FIXES=-name). The `in_*`
-functions are what one process (or every task of a cluster) runs: several proofs with the same fixes, one
-result each, so one process start serves many proofs.
+functions are what one process (or every task of a cluster) runs: several proofs with the same
+fixes, one result each, so one process start serves many proofs.
 
 Scenarios of tests/helpers/keras_scenarios.py are reused where one already shows the bug.
 """
