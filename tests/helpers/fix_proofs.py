@@ -317,11 +317,17 @@ def _the_chiefs_value_everywhere(values) -> Optional[str]:
 
 
 def _ps_helpers():
-    """tests/test_parameter_server.py: its dataset, model and graph helpers, and tfdist's
-    parameter-server loop as it imports it."""
-    import test_parameter_server as ps
+    """tests/helpers/parameter_server.py: the datasets, models and graph helpers of the
+    parameter-server tests."""
+    from helpers import parameter_server as ps
 
     return ps
+
+
+def _fit_parameter_server():
+    from tfdist.parameter_server import fit_parameter_server
+
+    return fit_parameter_server
 
 
 def ps_assign_add(strategy):
@@ -386,7 +392,7 @@ def ps_sharded_training(strategy):
     ps = _ps_helpers()
     model, table = _sharded_model(strategy)
     before = table.numpy()
-    ps.fit_parameter_server(
+    _fit_parameter_server()(
         model, strategy, ps._embedding_dataset_fn, epochs=1, steps_per_epoch=PS_STEPS, verbose=0
     )
     return {
