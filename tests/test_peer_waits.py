@@ -39,6 +39,7 @@ def _start(spec, timeout=300, **env):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,  # a group of its own, as under the launcher
     )
 
 
@@ -125,6 +126,53 @@ def test_a_parameter_server_chief_ends_at_once_on_sigterm():
     seconds, output = _signal_and_time(proc, signal.SIGTERM)
     assert seconds < 5 and proc.returncode != 0, output
     assert "tfdist: task chief:0 received SIGTERM while it waited for its peers" in output
+
+
+def _fake_peer(address):
+    """A listener that answers tfdist's probes but is no TensorFlow task: the peer that came
+    and died before it registered."""
+    import socket
+
+    host, port = address.rsplit(":", 1)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, int(port)))
+    sock.listen(8)
+    return sock
+
+
+def _wait_for_tensorflows_wait(proc):
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "tasks to connect" in line:  # the leader's coordination service waits
+            return
+    raise AssertionError("TensorFlow never waited:\n" + "".join(lines))
+
+
+def test_tensorflows_own_wait_ends_at_once_when_the_job_is_stopped():
+    spec = ClusterSpec.local(workers=2, task_type="worker", task_index=0)
+    with _fake_peer(spec.cluster["worker"][1]):
+        proc = _start(spec, TF_CPP_MIN_LOG_LEVEL="0")
+        _wait_for_tensorflows_wait(proc)
+        started = time.monotonic()
+        os.killpg(proc.pid, signal.SIGTERM)  # as the launcher stops a task: its whole group
+        output = proc.communicate(timeout=30)[0]
+    assert time.monotonic() - started < 5, output
+    assert proc.returncode == -signal.SIGKILL
+    assert "tfdist: task worker:0 received SIGTERM while TensorFlow waited for its peers" in output
+
+
+def test_tensorflows_own_wait_is_bounded():
+    # the leader would wait an hour in its device barrier for a peer that never registers
+    spec = ClusterSpec.local(workers=2, task_type="worker", task_index=0)
+    started = time.monotonic()
+    with _fake_peer(spec.cluster["worker"][1]):
+        proc = _start(spec, timeout=3)
+        output = proc.communicate(timeout=240)[0]
+    assert proc.returncode != 0, output
+    assert time.monotonic() - started < 150
+    assert "tfdist: task worker:0 was still waiting after 36 s while TensorFlow waited" in output
 
 
 # ------------------------------------------------------------ the wait itself, in process

@@ -9,6 +9,7 @@ devices, communication and peers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -18,7 +19,7 @@ from tfdist import flavour, settings
 from tfdist.cluster import ClusterSpec
 from tfdist.strategy.communication import collective_options
 from tfdist.strategy.devices import context, runtime_initialized
-from tfdist.strategy.peers import interruptible, wait_for_peers
+from tfdist.strategy.peers import guarded, interruptible, wait_for_peers
 
 __all__ = ["build_multi_worker", "exit_barrier"]
 
@@ -89,9 +90,17 @@ def build_multi_worker(
             _wait_for_the_cluster(cluster, startup_timeout)
             _configure_coordination(cluster, startup_timeout)
         try:
-            strategy = tf.distribute.MultiWorkerMirroredStrategy(
-                cluster_resolver=resolver, communication_options=options
+            # every peer answered; TensorFlow's own wait (registration, then its device
+            # barrier of an hour on the leader) holds the GIL and swallows SIGTERM: guard it
+            guard = (
+                guarded(cluster.task, "waited for its peers", 2 * startup_timeout + 30)
+                if resolver is not None
+                else contextlib.nullcontext()
             )
+            with guard:
+                strategy = tf.distribute.MultiWorkerMirroredStrategy(
+                    cluster_resolver=resolver, communication_options=options
+                )
         except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as err:
             raise RuntimeError(_startup_failure(cluster, err)) from err
         _MWMS_CACHE[key] = strategy

@@ -37,7 +37,7 @@ from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
 from tfdist import settings
 from tfdist.cluster import ClusterSpec
 
-__all__ = ["interruptible", "wait_for_peers"]
+__all__ = ["guarded", "interruptible", "wait_for_peers"]
 
 PROBE_SECONDS = 1.0  # one connection attempt
 ROUND_SECONDS = 0.25  # between rounds of probes
@@ -161,6 +161,66 @@ def wait_for_peers(
         f"addresses are reachable and the ports free, or raise startup_timeout= / "
         f"{settings.STARTUP_TIMEOUT.name}."
     )
+
+
+# --------------------------------------------------------------------- the guardian
+
+# A separate process, because while TensorFlow waits no Python code of this process runs (the
+# GIL is held) and SIGTERM is TensorFlow's. It shares this process's group and stderr: a SIGTERM
+# or SIGINT to the group (the launcher's stop, Ctrl-C in a terminal) or the time limit makes it
+# say why and SIGKILL this process; this process closing its stdin (done, or dead) dismisses it.
+_GUARDIAN = r"""
+import os, select, signal, sys
+parent, limit, task, doing = os.getppid(), float(sys.argv[1]), sys.argv[2], sys.argv[3]
+def stop(why):
+    sys.stderr.write(
+        f"tfdist: task {task} {why} while TensorFlow {doing}; stopping it (SIGKILL). HINT: start "
+        "every task of the job, check that they can reach each other, or raise startup_timeout= "
+        "/ TFDIST_STARTUP_TIMEOUT; when the job is being stopped on purpose, nothing is wrong.\n"
+    )
+    sys.stderr.flush()
+    try:
+        os.kill(parent, signal.SIGKILL)
+    except OSError:
+        pass
+    os._exit(0)
+for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, lambda signum, frame: stop(f"received {signal.Signals(signum).name}"))
+print("ready", flush=True)
+ready, _, _ = select.select([sys.stdin], [], [], limit)
+if not ready:
+    stop(f"was still waiting after {limit:g} s")
+"""
+
+
+@contextlib.contextmanager
+def guarded(task: Optional[str], doing: str, limit: float) -> Iterator[None]:
+    """Bounds a wait inside TensorFlow that holds the GIL and swallows SIGTERM: after `limit`
+    seconds, or on SIGTERM / SIGINT to the process group, a guardian process says why and
+    kills this one. Without a guardian (it cannot start), the wait is as TensorFlow makes it."""
+    try:
+        import subprocess
+
+        guardian = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _GUARDIAN, f"{limit:g}", task or "?", doing],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        # its handlers are in place before TensorFlow takes SIGTERM: a stop right now counts
+        if select.select([guardian.stdout], [], [], 10)[0]:
+            guardian.stdout.readline()
+    except OSError:
+        guardian = None
+    try:
+        yield
+    finally:
+        if guardian is not None:
+            guardian.stdin.close()
+            guardian.stdout.close()
+            try:
+                guardian.wait(timeout=10)
+            except Exception:  # pylint: disable=broad-except
+                guardian.kill()
 
 
 # ------------------------------------------------------------------------- signals
