@@ -9,7 +9,7 @@ Two steps, kept apart so the first is testable without spawning anything:
    fails (SIGTERM, then SIGKILL after a grace period), and returns each task's exit code.
 
 The tasks of a job run in a private network namespace of their own where the system allows it
-(`tfdist.launcher.netns`; TFDIST_NETWORK_NAMESPACE): TensorFlow's servers listen on every
+(`tfdist.netns`; TFDIST_NETWORK_NAMESPACE): TensorFlow's servers listen on every
 interface, and only there does "loopback only" hold.
 
 `launch(...)` does both, with restarts; the `tfdist launch` command is a thin wrapper over it.
@@ -346,10 +346,10 @@ def run_job(
     timeout = check_timeout(timeout)
     verbose = settings.VERBOSE.get() if verbose is None else bool(verbose)
     out = out or sys.stdout
-    namespace = _job_namespace(out, quiet)
     lock = threading.Lock()
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
+    namespace = _job_namespace(out, quiet)  # closed below, with the tasks
     tasks: List[_Task] = []
     report_dir = tempfile.mkdtemp(prefix="tfdist-reports-")
     deadline = None if timeout is None else time.monotonic() + timeout
