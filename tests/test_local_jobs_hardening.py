@@ -364,6 +364,11 @@ NOISE = [
     "Warning: Could not find TensorRT",
     "WARNING:tensorflow:Using CollectiveAllReduceStrategy eagerly has significant overhead "
     "currently. We will be working on improving this in the future, ...",
+    "W1201 19:02:32.816480 140232035216256 mirrored_run.py:87] Using CollectiveAllReduceStrategy "
+    "eagerly has significant overhead currently. We will be working on improving this ...",
+    "W0000 00:00:1796151744.158221   29515 dataset.cc:997] Input of GeneratorDatasetOp::Dataset "
+    "will not be optimized because the dataset does not implement the AsGraphDefInternal() "
+    "method needed to apply optimizations.",
 ]
 KEPT = [
     "Epoch 1/2",
@@ -399,6 +404,24 @@ def test_continuation_lines_of_hidden_lines_are_hidden():
         "the user's line",
     ]
     assert [noise.is_noise(line) for line in lines] == [True, True, True, True, False]
+
+
+def test_a_text_proto_announced_by_a_hidden_line_is_hidden_up_to_the_next_real_line():
+    noise = NoiseFilter()
+    lines = [
+        "I0000 00:00:1796151864.679057   31500 eager_service_impl.cc:355] SessionOptions: "
+        "goo.gle/debugonly  ",
+        "device_count {",
+        '  key: "CPU"',
+        "  value: 1",
+        "}",
+        "allow_soft_placement: true",
+        "",
+        "Epoch 1/6",
+        "}",  # the user's own line, after the dump ended
+    ]
+    hidden = [True, True, True, True, True, True, True, False, False]
+    assert [noise.is_noise(line) for line in lines] == hidden
 
 
 TINY = """

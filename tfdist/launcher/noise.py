@@ -14,7 +14,8 @@ A line is noise when it is:
 - absl's `WARNING: All log messages before absl::InitializeLog() is called ...`;
 - TensorFlow's Python warning "Using CollectiveAllReduceStrategy eagerly has significant
   overhead";
-- a known continuation line of a hidden line (the CPU-feature list, a straggler's name).
+- a known continuation line of a hidden line (the CPU-feature list, a straggler's name), or a
+  line of the text proto a hidden "SessionOptions: goo.gle/debugproto" line announces.
 
 Every other W and E line is shown, and so is every F (fatal) line: errors are never hidden.
 """
@@ -40,6 +41,9 @@ _HARMLESS = re.compile(
             r"TF-TRT Warning: Could not find TensorRT",
             r"Could not find cuda drivers",
             r"Unable to destroy server_ object, so releasing instead",
+            r"Using CollectiveAllReduceStrategy eagerly has significant overhead",
+            r"will not be optimized because the dataset does not implement the "
+            r"AsGraphDefInternal\(\) method",
         )
     )
 )
@@ -51,6 +55,10 @@ _CONTINUATIONS = re.compile(
     r"^(?:To enable the following instructions: .*rebuild TensorFlow.*"
     r"|/job:\w+/replica:\d+/task:\d+)$"
 )
+# A hidden line that announces a multi-line dump (eager_service_impl.cc's "SessionOptions:
+# goo.gle/debugproto" and a text proto), and the lines of such a dump.
+_DUMP_START = re.compile(r"(?:goo\.gle/debug\w*|SessionOptions:)\s*$")
+_DUMP_LINE = re.compile(r"^(?:\s*\w+ \{|\s*\}|\s*\w+: \S.*|\s*)$")
 
 
 def is_cpp_log_line(line: str) -> bool:
@@ -64,15 +72,20 @@ class NoiseFilter:
 
     def __init__(self):
         self._hid_last = False
+        self._dump = False  # inside a multi-line dump announced by a hidden line
 
     def is_noise(self, line: str) -> bool:
         match = _CPP_LINE.match(line)
+        dump = False
         if match:
             level = match.group("absl") or match.group("tf")
             noise = level == "I" or (level in "WE" and bool(_HARMLESS.search(line)))
+            dump = noise and bool(_DUMP_START.search(line))
         elif _LINES.match(line):
             noise = True
+        elif self._dump and _DUMP_LINE.match(line):
+            noise = dump = True
         else:
             noise = self._hid_last and bool(_CONTINUATIONS.match(line))
-        self._hid_last = noise
+        self._hid_last, self._dump = noise, dump
         return noise
