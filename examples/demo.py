@@ -11,13 +11,14 @@ trained weights are.
 """
 
 import io
+import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 
 import tfdist
-from tfdist.launcher.cli import environment_report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -35,16 +36,22 @@ def train(title, out_dir, **job):
             sys.stdout.flush()
 
     args = ["--epochs", "6", "--model_dir", out_dir] + job.pop("args", [])
-    codes = tfdist.launch(
-        os.path.join(HERE, "train.py"),
-        args,
-        timeout=900,
-        out=Tee(),
-        extra_env={"TF_CPP_MIN_LOG_LEVEL": "2"},
-        **job,
-    )
+    # the launcher hides TensorFlow's start-up noise (`tfdist launch --verbose` shows it)
+    codes = tfdist.launch(os.path.join(HERE, "train.py"), args, timeout=900, out=Tee(), **job)
     accuracy = re.search(r"held-out accuracy ([0-9.]+)", log.getvalue())
     return codes, float(accuracy.group(1)) if accuracy else None
+
+
+def environment_report() -> dict:
+    """`tfdist env --json`, in its own process: TensorFlow's start-up lines stay there (and are
+    shown only if it fails)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfdist", "env", "--json"], capture_output=True, text=True
+    )
+    if proc.returncode not in (0, 1):  # 1: the detected cluster is invalid; still a report
+        sys.stderr.write(proc.stderr)
+        raise SystemExit(f"`tfdist env` failed with exit code {proc.returncode}")
+    return json.loads(proc.stdout)
 
 
 def main() -> int:

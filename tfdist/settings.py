@@ -151,6 +151,32 @@ def _text(value: str) -> str:
     return value
 
 
+_ON = ("1", "true", "yes", "on")
+
+
+def _flag(value: str) -> bool:
+    """1 / true / yes / on: True; 0 / false / no / off or empty: False."""
+    key = value.strip().lower()
+    if key in _ON:
+        return True
+    if key in _OFF or not key:
+        return False
+    raise ValueError("1 (or true, yes, on) or 0 (or false, no, off)")
+
+
+_NAMESPACE_CHOICES = ("auto", "off", "require")
+
+
+def _namespace(value: str) -> str:
+    """auto, off or require (any case); "0" / "false" / "no" mean off."""
+    key = value.strip().lower()
+    if key in _OFF:
+        return "off"
+    if key not in _NAMESPACE_CHOICES:
+        raise ValueError(f"one of {', '.join(_NAMESPACE_CHOICES)}")
+    return key
+
+
 # ------------------------------------------------------------------------------ settings
 
 STRATEGY = Setting(
@@ -177,8 +203,10 @@ STARTUP_TIMEOUT = Setting(
     "TFDIST_STARTUP_TIMEOUT",
     _seconds,
     300,
-    "seconds to wait for every worker to join, then `RuntimeError`; `startup_timeout=` wins",
-    "`make_strategy` (multi_worker_mirrored)",
+    "seconds to wait for every peer to join (the workers of multi_worker_mirrored; the workers "
+    "and ps tasks the chief of parameter_server connects to), then `RuntimeError` naming the "
+    "missing tasks; `startup_timeout=` wins",
+    "`make_strategy` (multi_worker_mirrored, parameter_server)",
 )
 # No per-collective timeout by default: TensorFlow implements one with a new OS thread that
 # sleeps for the whole timeout, twice per collective, which cost multi-worker Keras training
@@ -257,6 +285,27 @@ TASK = Setting(
     "the launcher and `run_cluster`",
     "set by the launcher",
 )
+NETWORK_NAMESPACE = Setting(
+    "TFDIST_NETWORK_NAMESPACE",
+    _namespace,
+    "auto",
+    "where the tasks of a local job run: `auto` starts them in a private network namespace "
+    "(loopback only: no other host, nor the host's own processes, can reach their servers, and "
+    "they reach no network but each other), or without one, with a warning, where the system "
+    "refuses namespaces; `require` fails instead; `off` runs them in the host's network, "
+    "where TensorFlow's servers listen on every interface",
+    "`tfdist launch`, `tfdist.launch`, `run_cluster`, `tfdist doctor`",
+)
+VERBOSE = Setting(
+    "TFDIST_VERBOSE",
+    _flag,
+    False,
+    "`1` shows every line of a launched job's tasks, TensorFlow's C++ start-up logs included; "
+    "by default they are hidden (errors never are; `--log-dir` files keep every line); "
+    "`tfdist launch --verbose` does the same",
+    "`tfdist launch`, `tfdist.launch`",
+    "`0`",
+)
 
 SETTINGS = (
     STRATEGY,
@@ -270,6 +319,8 @@ SETTINGS = (
     PROGRESS,
     REPORT_FILE,
     TASK,
+    NETWORK_NAMESPACE,
+    VERBOSE,
 )
 
 

@@ -72,6 +72,14 @@ CASES = {
     settings.PROGRESS: ([("all", True), (" ALL ", True), ("", False), ("chief", False)], []),
     settings.REPORT_FILE: ([("/tmp/worker-0.json", "/tmp/worker-0.json"), ("", None)], []),
     settings.TASK: ([("worker:1", "worker:1")], []),
+    settings.NETWORK_NAMESPACE: (
+        [("auto", "auto"), (" Require ", "require"), ("off", "off"), ("0", "off"), ("no", "off")],
+        ["", "yes", "isolate"],
+    ),
+    settings.VERBOSE: (
+        [("1", True), (" TRUE ", True), ("on", True), ("0", False), ("off", False), ("", False)],
+        ["2", "verbose"],
+    ),
 }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shlex
 import sys
@@ -36,6 +37,20 @@ def _task(text: str):
     if not sep or not index.strip().isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not a task like 'worker:0' (job:index)")
     return job.strip(), int(index)
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (`--timeout`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a positive number of seconds. HINT: e.g. --timeout 600 stops the "
+            "job after 10 minutes; leave --timeout out for no limit."
+        )
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="restart the whole job at most this many times after a failure",
     )
-    lau.add_argument("--timeout", type=float, default=None, help="stop the job after SECONDS")
+    lau.add_argument(
+        "--timeout", type=_seconds, default=None, help="stop the job after SECONDS (> 0)"
+    )
     lau.add_argument(
         "--log-dir", "--log_dir", help="also write each task's output to LOG_DIR/<task>.log"
     )
@@ -103,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry_run",
         action="store_true",
         help="print each task's command and environment; start nothing",
+    )
+    lau.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        default=None,
+        help="show every line of the tasks, TensorFlow's C++ start-up logs included "
+        "(default: hidden, like TFDIST_VERBOSE=0; errors are always shown)",
     )
     lau.add_argument(
         "-m", dest="module", action="store_true", help="TARGET is a module name, run as python -m"
@@ -114,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     doc = sub.add_parser("doctor", help="environment report plus a real 2-process smoke test")
     doc.add_argument(
-        "--timeout", type=float, default=180.0, help="seconds for the smoke test (default 180)"
+        "--timeout", type=_seconds, default=180.0, help="seconds for the smoke test (default 180)"
     )
     return parser
 
@@ -317,6 +342,7 @@ def _cmd_launch(args) -> int:
         timeout=args.timeout,
         log_dir=args.log_dir,
         extra_env=extra,
+        verbose=args.verbose,
     )
     failed = {t: c for t, c in codes.items() if c != 0}
     return 0 if not failed else 1

@@ -4,9 +4,13 @@ Two steps, kept apart so the first is testable without spawning anything:
 
 1. `plan_job(...)` is a pure function: the cluster (free loopback ports) and, for each task,
    its command line and environment (its own TF_CONFIG).
-2. `run_job(plans)` starts the processes, forwards each output line prefixed with its task,
-   stops every task when one fails (SIGTERM, then SIGKILL after a grace period), and returns
-   each task's exit code.
+2. `run_job(plans)` starts the processes, forwards each output line prefixed with its task
+   (TensorFlow's start-up noise left out, `tfdist.launcher.noise`), stops every task when one
+   fails (SIGTERM, then SIGKILL after a grace period), and returns each task's exit code.
+
+The tasks of a job run in a private network namespace of their own where the system allows it
+(`tfdist.netns`; TFDIST_NETWORK_NAMESPACE): TensorFlow's servers listen on every
+interface, and only there does "loopback only" hold.
 
 `launch(...)` does both, with restarts; the `tfdist launch` command is a thin wrapper over it.
 
@@ -18,7 +22,10 @@ and evaluator, if any) runs the script.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -26,12 +33,14 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from typing import Dict, List, Mapping, Optional, Sequence, TextIO
 
-from tfdist import settings
+from tfdist import netns, settings
 from tfdist import training_report as _report
 from tfdist.cluster import ClusterSpec
 from tfdist.errors import is_count
+from tfdist.launcher.noise import NoiseFilter
 
 __all__ = ["JobFailed", "JobResult", "TaskPlan", "TaskResult", "launch", "plan_job", "run_job"]
 
@@ -95,6 +104,7 @@ class JobResult:
 
     reason: str
     tasks: Dict[str, TaskResult]
+    isolated: bool = False  # the tasks ran in a private network namespace (loopback only)
 
     @property
     def ok(self) -> bool:
@@ -168,6 +178,8 @@ class _Task:
         log_dir: Optional[str],
         quiet: bool,
         report_dir: str,
+        verbose: bool = False,
+        namespace: Optional[netns.Namespace] = None,
     ):
         self.plan = plan
         self.output: List[str] = []
@@ -186,8 +198,10 @@ class _Task:
             if log_dir
             else None
         )
+        argv = list(plan.argv)
         self.proc = subprocess.Popen(
-            list(plan.argv),
+            namespace.wrap(argv) if namespace else argv,
+            pass_fds=namespace.fds if namespace else (),
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -197,17 +211,20 @@ class _Task:
             errors="replace",
             bufsize=1,
         )
-        self.reader = threading.Thread(target=self._read, args=(out, lock, quiet), daemon=True)
+        self.reader = threading.Thread(
+            target=self._read, args=(out, lock, quiet, verbose), daemon=True
+        )
         self.reader.start()
 
-    def _read(self, out: TextIO, lock: threading.Lock, quiet: bool) -> None:
+    def _read(self, out: TextIO, lock: threading.Lock, quiet: bool, verbose: bool) -> None:
+        noise = NoiseFilter()
         for line in self.proc.stdout:
             line = line.rstrip("\n")
-            self.output.append(line)
+            self.output.append(line)  # every line: the failure tail and the log keep them all
             if self.log:
                 self.log.write(line + "\n")
                 self.log.flush()
-            if not quiet:
+            if not quiet and (not noise.is_noise(line) or verbose):
                 with lock:  # whole lines only: never interleave two tasks' partial lines
                     out.write(f"[{self.plan.task}] {line}\n")
                     out.flush()
@@ -238,6 +255,67 @@ class _Task:
         )
 
 
+def check_timeout(timeout, name: str = "timeout") -> Optional[float]:
+    """`timeout` as a float of seconds (None: no limit). Refuses what is not a positive,
+    finite number of seconds, bools and strings included.
+
+    Raises:
+        ValueError: quoting the value.
+    """
+    if timeout is None:
+        return None
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, numbers.Real)
+        or not 0 < float(timeout) < math.inf
+    ):
+        raise ValueError(
+            f"{name} must be a positive, finite number of seconds. Received: "
+            f"{name}={timeout!r}. HINT: e.g. {name}=600 stops the job after 10 minutes; "
+            "None (the default) sets no limit."
+        )
+    return float(timeout)
+
+
+_WARNED: List[str] = []  # the warnings already given by this process
+
+
+def _job_namespace(out: TextIO, quiet: bool) -> Optional[netns.Namespace]:
+    """A private network namespace for the job's tasks, or None (with a warning, once)."""
+    mode = settings.NETWORK_NAMESPACE.get()
+    if mode == "off":
+        return None
+    try:
+        return netns.create()
+    except netns.Unavailable as err:
+        risk = (
+            f"tfdist cannot start this job's tasks in a private network namespace ({err.strerror})"
+            ", so their TensorFlow servers listen on every interface of this host (TensorFlow "
+            "binds 0.0.0.0:PORT, whatever TF_CONFIG says), and other hosts that reach it can "
+            "connect to them."
+        )
+        if mode == "require":
+            raise RuntimeError(
+                f"{risk} {settings.NETWORK_NAMESPACE.name}=require refuses to run it. HINT: allow "
+                "user namespaces (Linux: sysctl user.max_user_namespaces=10000, "
+                "kernel.unprivileged_userns_clone=1; a container needs them allowed), or set "
+                f"{settings.NETWORK_NAMESPACE.name}=auto to run it with this risk."
+            ) from err
+        if "namespace" not in _WARNED:
+            _WARNED.append("namespace")
+            message = (
+                f"WARNING: {risk} HINT: firewall the job's ports, or allow user namespaces "
+                "(see docs/launcher.md); "
+                f"{settings.NETWORK_NAMESPACE.name}=off runs jobs there without this warning."
+            )
+            if quiet:
+                warnings.warn(message, RuntimeWarning, stacklevel=3)
+            else:
+                out.write(f"[tfdist] {message}\n")
+                out.flush()
+        return None
+
+
 def run_job(
     plans: Sequence[TaskPlan],
     *,
@@ -246,20 +324,32 @@ def run_job(
     out: Optional[TextIO] = None,
     log_dir: Optional[str] = None,
     quiet: bool = False,
+    verbose: Optional[bool] = None,
 ) -> JobResult:
     """Runs the planned tasks until every script task has exited, or one fails.
 
     When a task exits non-zero, or `timeout` seconds pass, every other task is stopped
     (SIGTERM to its process group, SIGKILL after `grace` seconds). Server-only tasks are
-    stopped once every script task has succeeded.
+    stopped once every script task has succeeded. The tasks run in a private network namespace
+    where the system allows it (TFDIST_NETWORK_NAMESPACE).
+
+    Args:
+        verbose: bool. Forward TensorFlow's start-up noise too. Defaults to TFDIST_VERBOSE.
 
     Returns:
         JobResult. Raises nothing for failed tasks: see `launch`.
+
+    Raises:
+        ValueError: a timeout that is not a positive number of seconds.
+        RuntimeError: TFDIST_NETWORK_NAMESPACE=require, and no namespace can be had.
     """
+    timeout = check_timeout(timeout)
+    verbose = settings.VERBOSE.get() if verbose is None else bool(verbose)
     out = out or sys.stdout
     lock = threading.Lock()
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
+    namespace = _job_namespace(out, quiet)  # closed below, with the tasks
     tasks: List[_Task] = []
     report_dir = tempfile.mkdtemp(prefix="tfdist-reports-")
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -274,7 +364,7 @@ def run_job(
             previous[sig] = signal.signal(sig, on_signal)
     try:
         for plan in plans:
-            tasks.append(_Task(plan, out, lock, log_dir, quiet, report_dir))
+            tasks.append(_Task(plan, out, lock, log_dir, quiet, report_dir, verbose, namespace))
         reason = None
         while reason is None:
             time.sleep(0.05)
@@ -297,8 +387,12 @@ def run_job(
             task.proc.wait()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if namespace:
+            namespace.close()
     try:
-        return JobResult(reason, {t.plan.task: t.result() for t in tasks})
+        return JobResult(
+            reason, {t.plan.task: t.result() for t in tasks}, isolated=namespace is not None
+        )
     finally:
         shutil.rmtree(report_dir, ignore_errors=True)
 
@@ -353,7 +447,23 @@ def _failure_message(result: JobResult, timeout) -> str:
         return "The job failed."
     code = first.returncode
     how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-    return f"Task {first.task} {how}; the other tasks were stopped. Its last lines:\n{first.tail}"
+    message = (
+        f"Task {first.task} {how}; the other tasks were stopped. Its last lines:\n{first.tail}"
+    )
+    if result.isolated and _NETWORK_ERRORS.search("\n".join(first.output)):
+        message += (
+            "\nThe tasks ran in a private network namespace, which has no network but loopback."
+            f" HINT: download what the script needs before the job, or set "
+            f"{settings.NETWORK_NAMESPACE.name}=off to run the tasks in the host's network."
+        )
+    return message
+
+
+# What a task that needed the network prints, in the namespace that has none.
+_NETWORK_ERRORS = re.compile(
+    r"Temporary failure in name resolution|Name or service not known|Network is unreachable"
+    r"|No address associated with hostname|nodename nor servname"
+)
 
 
 def launch(
@@ -372,6 +482,7 @@ def launch(
     quiet: bool = False,
     out: Optional[TextIO] = None,
     check: bool = False,
+    verbose: Optional[bool] = None,
 ) -> Dict[str, int]:
     """Runs `target` as a local multi-process job; the Python twin of `tfdist launch`.
 
@@ -381,9 +492,12 @@ def launch(
         workers / ps / chief / evaluator: the tasks of the job (see `plan_job`).
         max_restarts: int. Restart the whole job, on fresh ports, at most this many times after
             a failure. Defaults to 0.
-        timeout: float. Seconds before the job is stopped. Defaults to no limit.
-        log_dir: str. Also write each task's output to `<log_dir>/<type>-<index>.log`.
+        timeout: float. Seconds before the job is stopped, > 0. Defaults to no limit.
+        log_dir: str. Also write each task's output to `<log_dir>/<type>-<index>.log` (every
+            line, TensorFlow's start-up noise included).
         check: bool. Raise `JobFailed` instead of returning when the job fails.
+        verbose: bool. Also forward TensorFlow's start-up noise (C++ INFO lines, the CUDA and
+            oneDNN notices). Defaults to TFDIST_VERBOSE (off). Errors are always forwarded.
 
     Returns:
         dict: task name ("worker:0") -> exit code of the last attempt.
@@ -393,6 +507,8 @@ def launch(
             f"max_restarts must be a non-negative integer. Received: "
             f"max_restarts={max_restarts!r}. HINT: 0 runs the job once; 1 restarts it once."
         )
+    timeout = check_timeout(timeout)
+    verbose = settings.VERBOSE.get() if verbose is None else bool(verbose)
     out = out or sys.stdout
     attempt = 0
     while True:
@@ -406,7 +522,9 @@ def launch(
             module=module,
             extra_env=extra_env,
         )
-        result = run_job(plans, timeout=timeout, out=out, log_dir=log_dir, quiet=quiet)
+        result = run_job(
+            plans, timeout=timeout, out=out, log_dir=log_dir, quiet=quiet, verbose=verbose
+        )
         if not quiet:
             out.write(summary(result))
             out.flush()

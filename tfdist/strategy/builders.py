@@ -3,7 +3,8 @@ arguments. `tfdist.strategy.registry` names them; `make_strategy` validates the 
 
 Each builder takes keyword arguments: cluster, devices (as given, or None), found (the local
 devices), communication (already checked for the strategy), and the strategy's own options.
-Imports the sibling modules communication and servers (and TensorFlow inside functions).
+Imports settings and the sibling modules communication, peers and servers (and TensorFlow inside
+functions).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import logging
 from typing import Callable, Dict
 
+from tfdist import settings
 from tfdist.strategy.communication import mirrored_cross_device_ops
+from tfdist.strategy.peers import wait_for_peers
 from tfdist.strategy.servers import serve
 
 __all__ = ["build_default", "build_mirrored", "build_one_device", "build_parameter_server"]
@@ -97,6 +100,7 @@ def build_parameter_server(
     min_shard_bytes=None,
     max_shard_bytes=None,
     max_shards=None,
+    startup_timeout=None,
     **_,
 ):
     import tensorflow as tf
@@ -116,6 +120,15 @@ def build_parameter_server(
         serve(cluster)
     partitioner = _partitioner(
         variable_partitioner, cluster.num_ps, min_shard_bytes, max_shard_bytes, max_shards
+    )
+    # TensorFlow's coordinator waits for every worker and ps without a limit; wait first,
+    # bounded and interruptibly, so that a task that never comes is an error naming it.
+    wait_for_peers(
+        cluster,
+        [task for task in cluster.tasks if task[0] in ("worker", "ps")],
+        settings.STARTUP_TIMEOUT.get() if startup_timeout is None else startup_timeout,
+        purpose="connect to the parameter-server cluster",
+        listen=False,
     )
     spec = cluster.to_tf()
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(

@@ -96,7 +96,9 @@ def make_strategy(
                 to join; default TFDIST_STARTUP_TIMEOUT or 300 s).
             parameter_server: `variable_partitioner` (a TensorFlow partitioner, or "min_size" /
                 "max_size" / "fixed"), with `min_shard_bytes` (min_size), `max_shard_bytes`
-                (max_size) and `max_shards` (default: the number of ps tasks) for the strings.
+                (max_size) and `max_shards` (default: the number of ps tasks) for the strings;
+                `startup_timeout` (seconds the chief waits for every worker and ps to answer;
+                default TFDIST_STARTUP_TIMEOUT or 300 s).
 
     Returns:
         tf.distribute.Strategy: a real TensorFlow strategy. In the worker and ps tasks of a

@@ -4,11 +4,12 @@ barrier so that no worker leaves while its peers still all-reduce.
 TensorFlow configures collectives once per process, at start-up: the strategy is cached here,
 and tfdist configures the coordination service first, with a finite registration timeout.
 Imports the cluster, settings, flavour, the TensorFlow fix records and the sibling modules
-devices and communication.
+devices, communication and peers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -18,6 +19,7 @@ from tfdist import flavour, settings
 from tfdist.cluster import ClusterSpec
 from tfdist.strategy.communication import collective_options
 from tfdist.strategy.devices import context, runtime_initialized
+from tfdist.strategy.peers import guarded, interruptible, wait_for_peers
 
 __all__ = ["build_multi_worker", "exit_barrier"]
 
@@ -83,11 +85,22 @@ def build_multi_worker(
                 "datasets."
             )
         if resolver is not None:
+            if startup_timeout is None:
+                startup_timeout = settings.STARTUP_TIMEOUT.get()
+            _wait_for_the_cluster(cluster, startup_timeout)
             _configure_coordination(cluster, startup_timeout)
         try:
-            strategy = tf.distribute.MultiWorkerMirroredStrategy(
-                cluster_resolver=resolver, communication_options=options
+            # every peer answered; TensorFlow's own wait (registration, then its device
+            # barrier of an hour on the leader) holds the GIL and swallows SIGTERM: guard it
+            guard = (
+                guarded(cluster.task, "waited for its peers", 2 * startup_timeout + 30)
+                if resolver is not None
+                else contextlib.nullcontext()
             )
+            with guard:
+                strategy = tf.distribute.MultiWorkerMirroredStrategy(
+                    cluster_resolver=resolver, communication_options=options
+                )
         except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as err:
             raise RuntimeError(_startup_failure(cluster, err)) from err
         _MWMS_CACHE[key] = strategy
@@ -95,6 +108,24 @@ def build_multi_worker(
             _register_exit_barrier()
             flavour.quiet_progress_off_the_chief(cluster.is_chief)
         return strategy
+
+
+def _wait_for_the_cluster(cluster: ClusterSpec, startup_timeout: float) -> None:
+    """Waits, bounded and interruptibly, until every worker (and the chief) answers.
+
+    TensorFlow's own wait, next, holds the GIL and swallows SIGTERM (`tfdist.strategy.peers`);
+    with every peer there, it is short. An evaluator waits for them all and answers no one:
+    nothing waits for it.
+    """
+    coordinated = [task for task in cluster.tasks if task[0] in ("chief", "worker")]
+    me = (cluster.task_type, cluster.task_index)
+    wait_for_peers(
+        cluster,
+        [task for task in coordinated if task != me],
+        startup_timeout,
+        purpose="form the multi-worker cluster",
+        listen=me in coordinated,
+    )
 
 
 def _configure_coordination(cluster: ClusterSpec, startup_timeout) -> None:
@@ -151,7 +182,10 @@ def exit_barrier(timeout: float = 120.0) -> None:
 
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
     for key, strategy in list(_MWMS_CACHE.items()):
-        if key != ("local",):
+        if key == ("local",):
+            continue
+        # TensorFlow's SIGTERM handler (the preemption notifier) would swallow a SIGTERM here
+        with interruptible(key[0].task, "waited for its peers in the exit barrier"):
             strategy.run(
                 lambda: tf.distribute.get_replica_context().all_reduce(
                     tf.distribute.ReduceOp.SUM, tf.constant(1.0), options=options

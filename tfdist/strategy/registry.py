@@ -80,7 +80,13 @@ STRATEGIES: Mapping[str, Strategy] = {
             "parameter_server",
             "ParameterServerStrategy",
             build_parameter_server,
-            options=("variable_partitioner", "min_shard_bytes", "max_shard_bytes", "max_shards"),
+            options=(
+                "variable_partitioner",
+                "min_shard_bytes",
+                "max_shard_bytes",
+                "max_shards",
+                "startup_timeout",
+            ),
         ),
         Strategy("default", "the default strategy", build_default, aliases=("off",)),
     )

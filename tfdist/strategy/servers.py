@@ -1,12 +1,14 @@
 """The worker and ps servers of a parameter-server job: one script serves in every role.
 
 `serve` runs this process as its task's gRPC server (never returns); `start_local_servers`
-starts servers inside this process, for tests and demos. Imports the cluster (and TensorFlow
-inside functions).
+starts servers inside this process, for tests and demos, and warns when they are reachable from
+other hosts. Imports the cluster, settings and netns (and TensorFlow inside
+functions).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional, Sequence
 
 from tfdist.cluster import ClusterConfigError, ClusterSpec, detect_cluster
@@ -40,6 +42,7 @@ def start_local_servers(cluster: ClusterSpec, tasks: Optional[Sequence[tuple]] =
 
     if tasks is None:
         tasks = [(job, i) for job, i in cluster.tasks if job in ("worker", "ps")]
+    warn_if_reachable(cluster)
     config = server_config(cluster.num_workers)
     spec = cluster.to_tf()
     return [
@@ -48,6 +51,51 @@ def start_local_servers(cluster: ClusterSpec, tasks: Optional[Sequence[tuple]] =
         )
         for job, index in tasks
     ]
+
+
+_LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rpartition(":")[0]
+    return host.startswith("127.") or host in _LOOPBACK_HOSTS
+
+
+_WARNED = []
+
+
+def warn_if_reachable(cluster: ClusterSpec) -> bool:
+    """Warns once when servers of a cluster on loopback would be reachable from other hosts.
+
+    TensorFlow's servers listen on every interface ("0.0.0.0:PORT", whatever host the cluster
+    names). A local cluster is closed only where its processes run in a private network
+    namespace (`tfdist launch` and `run_cluster` start their tasks in one); servers started in
+    any other process are open to every host that reaches this one. A cluster on real hosts
+    needs them open: no warning.
+
+    Returns:
+        bool: True when it warned (now or before).
+    """
+    from tfdist import netns, settings
+
+    addresses = [a for job in cluster.cluster.values() for a in job]
+    if not addresses or not all(_is_loopback(a) for a in addresses) or netns.is_isolated():
+        return False
+    if settings.NETWORK_NAMESPACE.get() == "off":
+        return False  # the user chose the host's network for local jobs
+    if not _WARNED:
+        _WARNED.append(True)
+        warnings.warn(
+            "tfdist: the TensorFlow servers of this local cluster listen on every interface "
+            "of this host (TensorFlow binds 0.0.0.0:PORT, although the cluster names "
+            f"{addresses[0]}), so other hosts that reach it can connect to them. HINT: run "
+            "the program with `tfdist launch` (or tfdist.testing.run_cluster), whose tasks run "
+            "in a private network namespace, or firewall the ports "
+            f"({', '.join(a.rpartition(':')[2] for a in addresses)}).",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return True
 
 
 def serve(cluster: Optional[ClusterSpec] = None) -> None:
