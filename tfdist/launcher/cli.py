@@ -317,31 +317,25 @@ def _cmd_launch(args) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.dry_run:
-        for plan in plan_job(
-            args.target,
-            script_args,
-            workers=args.workers,
-            ps=args.ps,
-            chief=args.chief,
-            evaluator=args.evaluator,
-            module=args.module,
-            extra_env=extra,
-        ):
-            print(plan.describe())
-        return 0
-    codes = launch(
-        args.target,
-        script_args,
+    job = dict(
         workers=args.workers,
         ps=args.ps,
         chief=args.chief,
         evaluator=args.evaluator,
         module=args.module,
+        extra_env=extra,
+    )
+    if args.dry_run:
+        for plan in plan_job(args.target, script_args, **job):
+            print(plan.describe())
+        return 0
+    codes = launch(
+        args.target,
+        script_args,
+        **job,
         max_restarts=args.max_restarts,
         timeout=args.timeout,
         log_dir=args.log_dir,
-        extra_env=extra,
         verbose=args.verbose,
     )
     failed = {t: c for t, c in codes.items() if c != 0}
