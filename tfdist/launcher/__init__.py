@@ -2,10 +2,12 @@
 
 - `job`: `plan_job` (pure: the cluster and each task's command and TF_CONFIG), `run_job` (the
   processes, their output, stopping them all), `launch` (both, with restarts).
+- `noise`: which lines of a task are TensorFlow's start-up noise, hidden from the terminal.
 - `cli`: the `tfdist` command (env, tf-config, launch, serve, doctor).
 - `smoke_job`: the 2-process job `tfdist doctor` runs.
 - `run_function`: the child side of `tfdist.testing.run_cluster` (one function in one task).
 
+The tasks run in a private network namespace (`tfdist.netns`) where the system allows it.
 Nothing here imports TensorFlow at import time.
 """
 

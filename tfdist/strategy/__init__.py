@@ -8,6 +8,7 @@
 - `builders`: one device, mirrored, default, parameter-server strategies.
 - `multi_worker`: MultiWorkerMirroredStrategy, once per process, and its exit barrier.
 - `servers`: the worker and ps servers of a parameter-server job.
+- `peers`: the wait for a job's peers: bounded, ended by SIGTERM / SIGINT, naming who is missing.
 
 Nothing here imports TensorFlow at import time.
 """
