@@ -127,11 +127,18 @@ def _hold_job(tmp_path, env):
     deadline = time.monotonic() + 240
     while len(list(tmp_path.glob("worker-*.json"))) < 2:
         if launcher.poll() is not None or time.monotonic() > deadline:
-            launcher.kill()
+            _stop(launcher)
             raise AssertionError("the job did not form:\n" + launcher.stdout.read())
         time.sleep(0.2)
     infos = {f.stem: json.loads(f.read_text()) for f in tmp_path.glob("worker-*.json")}
     return launcher, infos
+
+
+def _stop(launcher):
+    """SIGTERM, which the launcher passes on to every task (SIGKILL would orphan them)."""
+    if launcher.poll() is None:
+        launcher.terminate()
+        launcher.wait(timeout=60)
 
 
 def _release(tmp_path, launcher):
@@ -139,7 +146,7 @@ def _release(tmp_path, launcher):
     try:
         output = launcher.communicate(timeout=120)[0]
     finally:
-        launcher.kill()
+        _stop(launcher)
     return output
 
 
@@ -466,7 +473,11 @@ def _launch(tmp_path, script, name, *flags, **env):
 def test_a_launched_job_shows_the_users_output_and_hides_tensorflows_noise(tmp_path):
     quiet = _launch(tmp_path, TINY, "quiet.py")
     verbose = _launch(tmp_path, TINY, "verbose.py", "--verbose")
-    outputs = {name: p.communicate(timeout=400)[0] for name, p in (("q", quiet), ("v", verbose))}
+    try:
+        outputs = {n: p.communicate(timeout=400)[0] for n, p in (("q", quiet), ("v", verbose))}
+    finally:
+        _stop(quiet)
+        _stop(verbose)
     assert quiet.returncode == 0 and verbose.returncode == 0, outputs
     lines = outputs["q"].splitlines()
     for task in ("worker:0", "worker:1"):
@@ -487,7 +498,10 @@ def test_a_launched_job_shows_the_users_output_and_hides_tensorflows_noise(tmp_p
 @pytest.mark.slow
 def test_the_variable_shows_the_noise_too(tmp_path):
     proc = _launch(tmp_path, TINY, "env.py", TFDIST_VERBOSE="1")
-    output = proc.communicate(timeout=400)[0]
+    try:
+        output = proc.communicate(timeout=400)[0]
+    finally:
+        _stop(proc)
     assert proc.returncode == 0, output
     assert "oneDNN custom operations" in output
 
@@ -495,7 +509,10 @@ def test_the_variable_shows_the_noise_too(tmp_path):
 @pytest.mark.slow
 def test_a_failing_tasks_error_is_never_hidden(tmp_path):
     proc = _launch(tmp_path, FAILING, "failing.py", "--log-dir", str(tmp_path / "logs"))
-    output = proc.communicate(timeout=400)[0]
+    try:
+        output = proc.communicate(timeout=400)[0]
+    finally:
+        _stop(proc)
     assert proc.returncode == 1, output
     assert "USER-OUTPUT before the error" in output
     assert "Traceback (most recent call last):" in output

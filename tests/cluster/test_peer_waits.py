@@ -30,10 +30,27 @@ print("FORMED", flush=True)
 """
 
 
+_STARTED = []
+
+
+@pytest.fixture(autouse=True)
+def _no_task_outlives_its_test():
+    """A test that fails half-way leaves no waiting task (nor its guardian) behind."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
 def _start(spec, timeout=300, **env):
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("TFDIST_", "SLURM_"))}
     environ.update(TF_CONFIG=spec.to_json(), TFDIST_STARTUP_TIMEOUT=str(timeout), **env)
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, "-c", CODE],
         env=environ,
         stdout=subprocess.PIPE,
@@ -41,6 +58,8 @@ def _start(spec, timeout=300, **env):
         text=True,
         start_new_session=True,  # a group of its own, as under the launcher
     )
+    _STARTED.append(proc)
+    return proc
 
 
 def _wait_for_the_wait(proc):
