@@ -36,19 +36,9 @@ def local_devices() -> list:
     Does not initialise the TensorFlow runtime, so it may be called before `virtual_cpus` or
     before building a multi-worker strategy.
     """
-    import tensorflow as tf
-
-    if runtime_initialized():
-        gpus = tf.config.list_logical_devices("GPU")
-        devices = gpus or tf.config.list_logical_devices("CPU")
-        return [_short_name(d.name) for d in devices]
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        count = sum(len(tf.config.get_logical_device_configuration(g) or [None]) for g in gpus)
-        return [f"/gpu:{i}" for i in range(count)]
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    count = len(tf.config.get_logical_device_configuration(cpu) or [None])
-    return [f"/cpu:{i}" for i in range(count)]
+    devices = available_devices()
+    gpus = [d for d in devices if d.startswith("/gpu:")]
+    return gpus or [d for d in devices if d.startswith("/cpu:")]
 
 
 def _short_name(name: str) -> str:
