@@ -109,11 +109,13 @@ def apply_fixes() -> list:
     Returns the names of the fixes applied so far. Never raises for a missing or changed
     target: that fix is skipped with one CompatibilityWarning.
     """
+    skip = turned_off()
+    if all(name in _STATUS or name in skip for name in FIXES):
+        return applied()  # every fix decided already (custom-loop helpers call this each step)
     import tensorflow as tf
 
     releases.warn_if_untested(tf.__version__, flavour.keras_version(), flavour.keras_flavour())
     version = flavour.keras_version_tuple()
-    skip = turned_off()
     for name, fix in FIXES.items():
         if name in _STATUS:
             continue
