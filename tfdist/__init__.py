@@ -34,6 +34,9 @@ _LAZY = {
     "distribute_dataset": "tfdist.data",
     "scale_learning_rate": "tfdist.data",
     "launch": "tfdist.launcher.job",
+    "BackupAndRestore": "tfdist.preemption.callback",
+    "Preempted": "tfdist.preemption",
+    "PREEMPTED_EXIT_CODE": "tfdist.preemption",
 }
 
 __all__ = ["ClusterConfigError", "ClusterSpec", "detect_cluster", "__version__", *_LAZY]

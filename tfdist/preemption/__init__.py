@@ -11,10 +11,26 @@ This package's `__init__` imports nothing of TensorFlow: the launcher reads the 
 
 from __future__ import annotations
 
-__all__ = ["PREEMPTED_EXIT_CODE"]
+__all__ = ["PREEMPTED_EXIT_CODE", "Preempted"]
 
 # 128 + SIGTERM: what schedulers already treat as "ended by SIGTERM, may be retried" (Kubeflow's
 # restartPolicy ExitCode retries 128-255; TensorFlow's PreemptionCheckpointHandler exits with
 # it too). A process that died of the signal itself reports -15 to its parent (Popen), never
 # 143, so the local launcher tells "saved, restart me" from "killed".
 PREEMPTED_EXIT_CODE = 143
+
+
+class Preempted(SystemExit):
+    """Raised by `tfdist.BackupAndRestore` once the backup is saved after a SIGTERM: training
+    stopped at a step every worker agreed on. Uncaught, the process exits with
+    PREEMPTED_EXIT_CODE and no traceback (it is a SystemExit).
+
+    Attributes:
+        epoch: int. The interrupted epoch (0-based, as Keras counts).
+        step: int. Steps of that epoch trained before the stop.
+        backup_dir: str. Where the backup is.
+    """
+
+    def __init__(self, epoch: int, step: int, backup_dir: str):
+        super().__init__(PREEMPTED_EXIT_CODE)
+        self.epoch, self.step, self.backup_dir = epoch, step, backup_dir

@@ -15,7 +15,7 @@ import re
 import threading
 from typing import Dict
 
-from tfdist import flavour, settings
+from tfdist import flavour, settings, signals
 from tfdist.cluster import ClusterSpec
 from tfdist.strategy.communication import collective_options
 from tfdist.strategy.devices import context, runtime_initialized
@@ -107,6 +107,9 @@ def build_multi_worker(
         if resolver is not None:
             _register_exit_barrier()
             flavour.quiet_progress_off_the_chief(cluster.is_chief)
+            # TensorFlow's coordination service just installed its SIGTERM handler, which
+            # swallows the signal: SIGTERM ends the task again (or notifies BackupAndRestore)
+            signals.take_sigterm(cluster.task)
         return strategy
 
 

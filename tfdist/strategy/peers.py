@@ -24,8 +24,6 @@ Imports nothing of TensorFlow.
 from __future__ import annotations
 
 import contextlib
-import errno
-import os
 import select
 import signal
 import socket
@@ -34,7 +32,7 @@ import threading
 import time
 from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
 
-from tfdist import settings
+from tfdist import settings, signals
 from tfdist.cluster import ClusterSpec
 
 __all__ = ["guarded", "interruptible", "wait_for_peers"]
@@ -226,35 +224,6 @@ def guarded(task: Optional[str], doing: str, limit: float) -> Iterator[None]:
 # ------------------------------------------------------------------------- signals
 
 
-_DYING = threading.Lock()
-
-
-def _die(signum: int, message: str) -> None:
-    """Writes `message`, then ends the process by `signum` (its default action)."""
-    if not _DYING.acquire(blocking=False):  # the handler and the watchdog both saw it
-        time.sleep(10)
-        return
-    try:
-        sys.stderr.write(message + "\n")
-        sys.stderr.flush()
-    except Exception:  # pylint: disable=broad-except
-        pass
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).signal(signum, 0)  # SIG_DFL, from any thread
-        os.kill(os.getpid(), signum)
-        time.sleep(2)
-    finally:
-        os._exit(128 + signum)
-
-
-def _default(handler) -> bool:
-    """True for the handler a program has when it installed none (SIGTERM: SIG_DFL; SIGINT:
-    Python's KeyboardInterrupt). A program's own handler, or SIG_IGN, is respected."""
-    return handler in (signal.SIG_DFL, signal.default_int_handler, None)
-
-
 @contextlib.contextmanager
 def interruptible(task: Optional[str], doing: str, missing=None) -> Iterator[None]:
     """While inside: SIGTERM and SIGINT end the process at once, with a message saying what it
@@ -275,13 +244,17 @@ def interruptible(task: Optional[str], doing: str, missing=None) -> Iterator[Non
         )
 
     def handler(signum, frame):
-        _die(signum, message(signum))
+        signals.die(signum, message(signum))
 
     previous = {}
     for sig in (signal.SIGTERM, signal.SIGINT):
-        if _default(signal.getsignal(sig)):
+        if signals.is_default(signal.getsignal(sig)):
             previous[sig] = signal.signal(sig, handler)
-    watchdog = _Watchdog(previous, message) if previous else None
+    watchdog = (
+        signals.Watchdog(previous, lambda signum: signals.die(signum, message(signum)))
+        if previous
+        else None
+    )
     try:
         yield
     finally:
@@ -289,44 +262,3 @@ def interruptible(task: Optional[str], doing: str, missing=None) -> Iterator[Non
             watchdog.stop()
         for sig, old in previous.items():
             signal.signal(sig, old)
-
-
-class _Watchdog:
-    """Reads the signals Python's C handler writes to the wakeup descriptor, even while the
-    main thread waits in TensorFlow, and ends the process on SIGTERM / SIGINT."""
-
-    def __init__(self, signals, message):
-        self.signals, self.message = set(signals), message
-        self.read_fd, self.write_fd = os.pipe()
-        self.stop_r, self.stop_w = os.pipe()
-        os.set_blocking(self.write_fd, False)
-        try:
-            self.previous_fd = signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
-        except (ValueError, OSError):
-            self.previous_fd = None
-        self.thread = threading.Thread(target=self._run, name="tfdist-signals", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while True:
-            try:
-                ready, _, _ = select.select([self.read_fd, self.stop_r], [], [])
-            except InterruptedError:
-                continue
-            except OSError as err:
-                if err.errno == errno.EINTR:
-                    continue
-                return
-            if self.stop_r in ready:
-                return
-            for signum in os.read(self.read_fd, 64):
-                if signum in self.signals:
-                    _die(signum, self.message(signum))
-
-    def stop(self) -> None:
-        if self.previous_fd is not None:
-            signal.set_wakeup_fd(self.previous_fd)
-        os.write(self.stop_w, b"x")
-        self.thread.join(timeout=5)
-        for fd in (self.read_fd, self.write_fd, self.stop_r, self.stop_w):
-            os.close(fd)

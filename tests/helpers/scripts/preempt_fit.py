@@ -1,0 +1,105 @@
+"""A Keras job with tfdist.BackupAndRestore that one task preempts with SIGTERM at a chosen step.
+
+    python preempt_fit.py OUT BACKUP [--api keras|tfdist] [--signal TASK:STEP] [--epochs E]
+                          [--save-freq K] [--steps-per-epoch S]
+
+The same command in every task (TF_CONFIG differs), or alone. With --signal worker:1:15, task
+worker:1 sends itself SIGTERM once `optimizer.iterations` is 15, the first time only (a marker
+file in OUT). The data are 96 examples in a fixed order, in global batches of 8 (12 steps an
+epoch); with --steps-per-epoch the data repeat and each epoch trains that many steps. At the end
+each task writes OUT/<task>.json: the weights, `iterations`, and the steps it trained itself
+(not the ones it skipped).
+"""
+
+import argparse
+import json
+import os
+import signal
+
+import numpy as np
+
+import tfdist
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("backup")
+    parser.add_argument("--api", default="keras", choices=("keras", "tfdist"))
+    parser.add_argument("--signal", default=None)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--save-freq", default="epoch")
+    parser.add_argument("--steps-per-epoch", type=int, default=None)
+    args = parser.parse_args()
+    save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
+
+    strategy = tfdist.make_strategy()
+    import tensorflow as tf
+
+    from tfdist import flavour
+
+    keras = flavour.keras()
+    task = tfdist.detect_cluster().task or "single"
+    rng = np.random.RandomState(0)
+    x = rng.rand(96, 4).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [3.0], [0.5]]) + 0.1 * rng.rand(96, 1)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    if args.steps_per_epoch:
+        data = data.repeat()
+    kernel0 = rng.uniform(-0.5, 0.5, (4, 8)).astype("float32")
+    kernel1 = rng.uniform(-0.5, 0.5, (8, 1)).astype("float32")
+
+    def build():
+        model = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
+        )
+        model.set_weights([kernel0, np.zeros(8, "float32"), kernel1, np.zeros(1, "float32")])
+        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.5), loss="mse")
+        return model
+
+    marker = os.path.join(args.out, "signalled")
+    trained = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if logs:  # steps skipped on resume have no logs
+                trained.append(batch)
+            if args.signal and not os.path.exists(marker):
+                who, _, step = args.signal.rpartition(":")
+                if who == task and int(self.model.optimizer.iterations.numpy()) == int(step):
+                    open(marker, "w").close()
+                    os.kill(os.getpid(), signal.SIGTERM)
+
+    callbacks = [tfdist.BackupAndRestore(args.backup, save_freq=save_freq), Record()]
+    if args.api == "keras":
+        with strategy.scope():
+            model = build()
+        model.fit(
+            data,
+            epochs=args.epochs,
+            steps_per_epoch=args.steps_per_epoch,
+            callbacks=callbacks,
+            verbose=0,
+        )
+    else:
+        model = tfdist.fit(
+            build,
+            data,
+            epochs=args.epochs,
+            steps_per_epoch=args.steps_per_epoch,
+            callbacks=callbacks,
+            verbose=0,
+        ).model
+    with open(os.path.join(args.out, task.replace(":", "-") + ".json"), "w") as f:
+        json.dump(
+            {
+                "weights": [w.tolist() for w in model.get_weights()],
+                "iterations": int(model.optimizer.iterations.numpy()),
+                "trained": len(trained),
+            },
+            f,
+        )
+
+
+if __name__ == "__main__":
+    main()
