@@ -84,6 +84,35 @@ def dataset(n=16):
     return tf.data.Dataset.from_tensor_slices((X[:n], Y[:n]))
 
 
+def backup_of_another_model(tmp):
+    """A backup written by a model of another shape, then fit with this one."""
+    import os
+
+    keras = tfdist.flavour.keras()
+    other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    other.compile(optimizer="sgd", loss="mse")
+    other.fit(np.zeros((8, 3)), np.zeros((8, 2)), verbose=0)
+    os.makedirs(tmp, exist_ok=True)
+    keep = tfdist.BackupAndRestore(tmp, delete_checkpoint=False)
+    other.fit(np.zeros((8, 3)), np.zeros((8, 2)), verbose=0, callbacks=[keep])
+    return fit(callbacks=[tfdist.BackupAndRestore(tmp)])
+
+
+def foreign_state_file(tmp):
+    import os
+
+    os.makedirs(tmp, exist_ok=True)
+    with open(os.path.join(tmp, "tfdist-backup.json"), "w") as f:
+        f.write("{not json")
+    return fit(callbacks=[tfdist.BackupAndRestore(tmp)])
+
+
+def _tmp(name):
+    import tempfile
+
+    return tempfile.mkdtemp(prefix=f"tfdist-bad-{name}-")
+
+
 # (id, call, error type, texts the message must contain: the value, and the advice)
 ROWS = [
     # ------------------------------------------------------------------------- TF_CONFIG
@@ -542,6 +571,49 @@ ROWS = [
         lambda: tfdist.launch("x.py", max_restarts=-1),
         "ValueError",
         ["max_restarts=-1", "HINT"],
+    ),
+    # ------------------------------------------------------------------- BackupAndRestore
+    (
+        "backup-dir-empty",
+        lambda: tfdist.BackupAndRestore(""),
+        "ValueError",
+        ["backup_dir=''", "HINT"],
+    ),
+    (
+        "backup-dir-none",
+        lambda: tfdist.BackupAndRestore(None),
+        "ValueError",
+        ["backup_dir=None", "HINT"],
+    ),
+    (
+        "backup-dir-a-file",
+        lambda: tfdist.BackupAndRestore(__file__),
+        "ValueError",
+        [repr(__file__), "HINT"],
+    ),
+    (
+        "backup-save-freq-0",
+        lambda: tfdist.BackupAndRestore(_tmp("freq"), save_freq=0),
+        "ValueError",
+        ["save_freq=0", "HINT"],
+    ),
+    (
+        "backup-save-freq-a-word",
+        lambda: tfdist.BackupAndRestore(_tmp("freq"), save_freq="batch"),
+        "ValueError",
+        ["save_freq='batch'", "HINT"],
+    ),
+    (
+        "backup-of-another-model",
+        lambda: backup_of_another_model(_tmp("other")),
+        "ValueError",
+        ["does not fit this model", "HINT"],
+    ),
+    (
+        "backup-state-not-json",
+        lambda: foreign_state_file(_tmp("state")),
+        "ValueError",
+        ["tfdist-backup.json", "HINT"],
     ),
 ]
 

@@ -1,14 +1,14 @@
 """A Keras job with tfdist.BackupAndRestore that one task preempts with SIGTERM at a chosen step.
 
     python preempt_fit.py OUT BACKUP [--api keras|tfdist] [--signal TASK:STEP] [--epochs E]
-                          [--save-freq K] [--steps-per-epoch S]
+                          [--save-freq K] [--steps-per-epoch S] [--no-backup]
 
 The same command in every task (TF_CONFIG differs), or alone. With --signal worker:1:15, task
 worker:1 sends itself SIGTERM once `optimizer.iterations` is 15, the first time only (a marker
 file in OUT). The data are 96 examples in a fixed order, in global batches of 8 (12 steps an
 epoch); with --steps-per-epoch the data repeat and each epoch trains that many steps. At the end
 each task writes OUT/<task>.json: the weights, `iterations`, and the steps it trained itself
-(not the ones it skipped).
+(not the ones it skipped). OUT/training appears once the first step has trained.
 """
 
 import argparse
@@ -30,6 +30,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--save-freq", default="epoch")
     parser.add_argument("--steps-per-epoch", type=int, default=None)
+    parser.add_argument("--no-backup", action="store_true")
     args = parser.parse_args()
     save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
 
@@ -64,13 +65,17 @@ def main():
         def on_train_batch_end(self, batch, logs=None):
             if logs:  # steps skipped on resume have no logs
                 trained.append(batch)
+            if len(trained) == 1:
+                open(os.path.join(args.out, "training"), "w").close()
             if args.signal and not os.path.exists(marker):
                 who, _, step = args.signal.rpartition(":")
                 if who == task and int(self.model.optimizer.iterations.numpy()) == int(step):
                     open(marker, "w").close()
                     os.kill(os.getpid(), signal.SIGTERM)
 
-    callbacks = [tfdist.BackupAndRestore(args.backup, save_freq=save_freq), Record()]
+    callbacks = [Record()]
+    if not args.no_backup:
+        callbacks.insert(0, tfdist.BackupAndRestore(args.backup, save_freq=save_freq))
     if args.api == "keras":
         with strategy.scope():
             model = build()
