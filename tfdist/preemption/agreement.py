@@ -14,7 +14,7 @@ In one process (mirrored, one_device), there is no one to agree with: training s
 step that is running when the signal comes.
 
 Steps are counted per `fit`: every worker runs the same fits, so the n-th fit of each process
-uses keys of its own. Imports TensorFlow (lazily); nothing of tfdist but settings.
+uses keys of its own. Imports TensorFlow (lazily), and tfdist.signals.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ __all__ = ["Agreement"]
 log = logging.getLogger("tfdist")
 
 _POLL_MS = 1000  # the watcher's wait on the key, before it checks whether to stop
+STOP_DEADLINE = 60.0  # seconds from SIGTERM to the stop, after which the process just ends
 _FITS = [0]  # fits that used an agreement in this process
 
 
@@ -43,13 +44,14 @@ class Agreement:
             anyway), with a warning.
     """
 
-    def __init__(self, worker: int, num_workers: int, ack_timeout: float = 60.0):
+    def __init__(self, worker: int, num_workers: int, ack_timeout: float = 20.0):
         self.worker, self.num_workers, self.ack_timeout = worker, num_workers, ack_timeout
         self.signalled = threading.Event()  # this process got SIGTERM
         self.known = threading.Event()  # the stop step is known
         self.stop_after: Optional[int] = None
         self.claimed_by: Optional[int] = None
         self._closing = threading.Event()
+        self._timer: Optional[threading.Timer] = None
         self._watcher: Optional[threading.Thread] = None
         _FITS[0] += 1
         self._prefix = f"tfdist_preemption/{_FITS[0]}"
@@ -64,8 +66,33 @@ class Agreement:
         return self.num_workers > 1
 
     def notice(self, signum: int = 15) -> None:
-        """The signal came to this process (any thread; idempotent)."""
+        """The signal came to this process (any thread; idempotent). If training has not
+        stopped `STOP_DEADLINE` seconds later (a step waits for a peer that is gone), the
+        process ends as SIGTERM would have ended it."""
+        if self.signalled.is_set():
+            return
         self.signalled.set()
+        timer = threading.Timer(STOP_DEADLINE, self._too_late, args=(signum,))
+        timer.daemon = True
+        timer.start()
+        self._timer = timer
+
+    def reached(self) -> None:
+        """The stop step is reached: no deadline any more (the save may take its time)."""
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _too_late(self, signum: int) -> None:
+        if self._closing.is_set():
+            return
+        from tfdist import signals
+
+        signals.die(
+            signum,
+            f"tfdist: SIGTERM came {STOP_DEADLINE:g} s ago and training has not reached the "
+            "step to stop at (a step waits for a peer that is gone?); exiting without a new "
+            "backup. The last backup is kept.",
+        )
 
     def at_boundary(self, steps_done: int) -> bool:
         """Called by every worker after each step; True when it must stop now (after
@@ -140,8 +167,10 @@ class Agreement:
             return
 
     def close(self) -> None:
-        """Stops the watcher (the fit ended)."""
+        """Stops the watcher (the fit ended, or stopped for the preemption)."""
         self._closing.set()
+        if self._timer is not None:
+            self._timer.cancel()
         if self._watcher is not None:
             self._watcher.join(timeout=2 * _POLL_MS / 1000 + 1)
             self._watcher = None

@@ -254,6 +254,7 @@ class BackupAndRestore:
 
     def _preempted(self) -> None:
         agreement = self._agreement
+        agreement.reached()
         self._save("preemption", self._epoch, self._step, self._position)
         who = "this task" if agreement.claimed_by == agreement.worker else "another task"
         where = f"epoch {self._epoch + 1}, step {self._step}"

@@ -1,14 +1,17 @@
 """A Keras job with tfdist.BackupAndRestore that one task preempts with SIGTERM at a chosen step.
 
     python preempt_fit.py OUT BACKUP [--api keras|tfdist] [--signal TASK:STEP] [--epochs E]
-                          [--save-freq K] [--steps-per-epoch S] [--no-backup]
+                          [--save-freq K] [--steps-per-epoch S] [--no-backup] [--batch B]
+                          [--fail TASK=FILE]
 
 The same command in every task (TF_CONFIG differs), or alone. With --signal worker:1:15, task
 worker:1 sends itself SIGTERM once `optimizer.iterations` is 15, the first time only (a marker
 file in OUT). The data are 96 examples in a fixed order, in global batches of 8 (12 steps an
 epoch); with --steps-per-epoch the data repeat and each epoch trains that many steps. At the end
 each task writes OUT/<task>.json: the weights, `iterations`, and the steps it trained itself
-(not the ones it skipped). OUT/training appears once the first step has trained.
+(not the ones it skipped). OUT/training appears once the first step has trained, and each
+run appends "<task> <number of workers>" to OUT/runs.log. With --fail worker:2=FILE, task
+worker:2 dies (exit 1) at its third step while FILE exists.
 """
 
 import argparse
@@ -31,6 +34,8 @@ def main():
     parser.add_argument("--save-freq", default="epoch")
     parser.add_argument("--steps-per-epoch", type=int, default=None)
     parser.add_argument("--no-backup", action="store_true")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--fail", default=None, help="TASK=FILE: TASK dies while FILE exists")
     args = parser.parse_args()
     save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
 
@@ -44,7 +49,7 @@ def main():
     rng = np.random.RandomState(0)
     x = rng.rand(96, 4).astype("float32")
     y = (x @ np.array([[1.0], [-2.0], [3.0], [0.5]]) + 0.1 * rng.rand(96, 1)).astype("float32")
-    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch)
     if args.steps_per_epoch:
         data = data.repeat()
     kernel0 = rng.uniform(-0.5, 0.5, (4, 8)).astype("float32")
@@ -67,6 +72,12 @@ def main():
                 trained.append(batch)
             if len(trained) == 1:
                 open(os.path.join(args.out, "training"), "w").close()
+                with open(os.path.join(args.out, "runs.log"), "a") as f:
+                    f.write(f"{task} {tfdist.detect_cluster().num_workers}\n")
+            if args.fail and len(trained) == 3:
+                who, _, path = args.fail.partition("=")
+                if who == task and os.path.exists(path):
+                    os._exit(1)  # a worker slot that is lost for good, while the file exists
             if args.signal and not os.path.exists(marker):
                 who, _, step = args.signal.rpartition(":")
                 if who == task and int(self.model.optimizer.iterations.numpy()) == int(step):

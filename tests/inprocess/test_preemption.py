@@ -1,0 +1,108 @@
+"""The backup files and the stop agreement of one process, with real TensorFlow checkpoints."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import tfdist
+from tfdist.preemption.agreement import Agreement
+from tfdist.preemption.backup import STATE_FILE, BackupStore
+
+
+def _checkpoint(value):
+    import tensorflow as tf
+
+    variable = tf.Variable(value)
+    return variable, tf.train.Checkpoint(v=variable)
+
+
+def test_the_chief_keeps_one_checkpoint_and_a_state_that_points_to_it(tmp_path):
+    store = BackupStore(str(tmp_path / "backup"), is_chief=True)
+    assert store.latest() is None
+    variable, checkpoint = _checkpoint(1.0)
+    store.save(checkpoint, {"epoch": 0, "step": 3})
+    variable.assign(2.0)
+    store.save(checkpoint, {"epoch": 1, "step": 0})
+    assert sorted(os.listdir(tmp_path / "backup")) == [
+        "ckpt-2.data-00000-of-00001",
+        "ckpt-2.index",
+        STATE_FILE,
+    ]
+    state = store.latest()
+    assert (state["epoch"], state["step"], state["saves"]) == (1, 0, 2)
+    variable.assign(0.0)
+    checkpoint.read(state["checkpoint"]).assert_consumed()
+    assert variable.numpy() == 2.0
+    store.delete()
+    assert not os.path.exists(tmp_path / "backup")
+
+
+def test_a_save_cut_short_leaves_the_previous_backup_whole(tmp_path, monkeypatch):
+    store = BackupStore(str(tmp_path), is_chief=True)
+    variable, checkpoint = _checkpoint(1.0)
+    store.save(checkpoint, {"epoch": 0, "step": 5})
+    variable.assign(9.0)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # the task dies between the checkpoint and the state
+
+    import tensorflow as tf
+
+    monkeypatch.setattr(tf.io.gfile, "rename", killed)
+    with pytest.raises(KeyboardInterrupt):
+        store.save(checkpoint, {"epoch": 0, "step": 9})
+    monkeypatch.undo()
+    state = store.latest()
+    assert state["step"] == 5
+    checkpoint.read(state["checkpoint"]).assert_consumed()
+    assert variable.numpy() == 1.0
+
+
+def test_other_workers_write_only_a_scratch_copy_that_is_removed(tmp_path, monkeypatch):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    _, checkpoint = _checkpoint(1.0)
+    BackupStore(str(tmp_path / "backup"), is_chief=False).save(checkpoint, {"epoch": 0})
+    assert not os.path.exists(tmp_path / "backup")
+    assert os.listdir(scratch) == []
+
+
+def test_one_process_stops_after_the_step_that_was_running_when_the_signal_came():
+    agreement = Agreement(worker=0, num_workers=1)
+    try:
+        assert not agreement.at_boundary(1) and not agreement.at_boundary(2)
+        agreement.notice()
+        agreement.notice()  # the watchdog thread and the main thread both report it
+        assert agreement.at_boundary(3)
+        assert agreement.stop_after == 3 and agreement.claimed_by == 0
+    finally:
+        agreement.close()
+
+
+def test_fit_saves_every_n_steps_and_the_state_says_where(tmp_path, virtual_cpus):
+    keras = tfdist.flavour.keras()
+    strategy = tfdist.make_strategy("mirrored")
+    x = np.arange(64 * 4, dtype="float32").reshape(64, 4) / 256
+    y = x.sum(axis=1, keepdims=True)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    import tensorflow as tf
+
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)  # 8 steps an epoch
+    backup = str(tmp_path / "backup")
+    callback = tfdist.BackupAndRestore(backup, save_freq=3, delete_checkpoint=False)
+    assert isinstance(callback, tfdist.BackupAndRestore)
+    assert isinstance(callback, keras.callbacks.Callback)
+    model.fit(data, epochs=2, verbose=0, callbacks=[callback])
+    with open(os.path.join(backup, STATE_FILE)) as f:
+        state = json.load(f)
+    # saves after steps 3, 6, 9, 12 and 15 of 16: the last in epoch 2 (index 1), step 7
+    assert (state["epoch"], state["step"], state["iterations"], state["saves"]) == (1, 7, 15, 5)
+    assert state["position"] == 7 and state["reason"] == "steps"
