@@ -102,6 +102,7 @@ SCENARIOS = {
         "cluster/test_keras_multi_worker_integration.py::test_checkpoints_write_once"
     ],
     "multi_worker: restart after a worker is killed": ["cluster/test_launcher_integration.py::"],
+    "multi_worker: SIGTERM, exact resume": ["cluster/test_preemption.py::"],
     "parameter_server: fit with validation and callbacks": [
         "cluster/test_parameter_server_integration.py::test_each_kind_of_keras3_model",
         "cluster/test_parameter_server_integration.py::test_batch_callbacks",
