@@ -155,8 +155,12 @@ def test_sigterm_to_the_launcher_leaves_no_orphans(tmp_path):
     time.sleep(0.3)
     pids = [int(p) for f in tmp_path.glob("*.pids") for p in f.read_text().split()]
     launcher.send_signal(signal.SIGTERM)
-    assert launcher.wait(timeout=30) == 1
-    assert b"The job was interrupted; every task was stopped." in launcher.stdout.read()
+    assert launcher.wait(timeout=30) == 128 + signal.SIGTERM  # and the tasks did not save:
+    assert (
+        b"The job was interrupted (SIGTERM to the launcher); every task was stopped, and not "
+        b"every task saved: worker:0 was killed by signal 15, worker:1 was killed by signal 15."
+        in launcher.stdout.read()
+    )
     assert len(pids) == 4
     assert not [pid for pid in pids if is_running(pid)]  # neither the tasks nor what they started
 

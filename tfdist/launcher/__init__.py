@@ -1,7 +1,8 @@
 """Local jobs: run a script as a multi-process TensorFlow job on loopback, and the `tfdist` command.
 
 - `job`: `plan_job` (pure: the cluster and each task's command and TF_CONFIG), `run_job` (the
-  processes, their output, stopping them all), `launch` (both, with restarts).
+  processes, their output, stopping them all), `launch` (both, with restarts after a failure or
+  a preemption, and elastic jobs).
 - `noise`: which lines of a task are TensorFlow's start-up noise, hidden from the terminal.
 - `cli`: the `tfdist` command (env, tf-config, launch, serve, doctor).
 - `smoke_job`: the 2-process job `tfdist doctor` runs.

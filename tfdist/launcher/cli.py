@@ -39,18 +39,59 @@ def _task(text: str):
     return job.strip(), int(index)
 
 
-def _seconds(text: str) -> float:
-    """A positive, finite number of seconds (`--timeout`)."""
+def _positive_seconds(text: str, hint: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
     if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a positive number of seconds. HINT: e.g. --timeout 600 stops the "
-            "job after 10 minutes; leave --timeout out for no limit."
+            f"{text!r} is not a positive number of seconds. HINT: {hint}"
         )
     return value
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (`--timeout`)."""
+    return _positive_seconds(
+        text, "e.g. --timeout 600 stops the job after 10 minutes; leave --timeout out for no limit."
+    )
+
+
+def _grace(text: str) -> float:
+    """A positive, finite number of seconds (`--grace`)."""
+    return _positive_seconds(
+        text,
+        "e.g. --grace 60 gives the tasks a minute to save and exit after a SIGTERM before they "
+        "are killed; leave --grace out for 30 s.",
+    )
+
+
+def _workers(text: str):
+    """`--workers N` (an int; N < 1 is refused later, with --ps), or `MIN:MAX` (a pair)."""
+    low, sep, high = text.partition(":")
+    try:
+        values = [int(low)] + ([int(high)] if sep else [])
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a number of workers N nor a range MIN:MAX of whole numbers. "
+            "HINT: e.g. --workers 2, or --workers 2:3 (an elastic job: start 3 workers, go on "
+            "with 2 when a worker slot is lost for good)."
+        ) from None
+    if not sep:
+        return values[0]
+    low, high = values
+    if low < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: MIN must be at least 1, a job needs a worker. HINT: --workers "
+            f"1:{max(high, 1)} starts {max(high, 1)} workers and goes on down to 1."
+        )
+    if low > high:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: MIN {low} is more than MAX {high}. HINT: --workers {high}:{low} starts "
+            f"{low} workers and goes on down to {high}."
+        )
+    return low, high
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     lau = sub.add_parser("launch", help="run a script as a local multi-process job")
-    lau.add_argument("--workers", type=int, default=1, help="number of workers (default 1)")
+    lau.add_argument(
+        "--workers",
+        type=_workers,
+        default=1,
+        metavar="N|MIN:MAX",
+        help="number of workers (default 1); MIN:MAX for an elastic job that starts MAX workers "
+        "and goes on down to MIN (SIGUSR1 to the launcher gives a lost worker slot back)",
+    )
     lau.add_argument("--ps", type=int, default=0, help="number of parameter servers")
     lau.add_argument("--chief", action="store_true", help="add a chief task")
     lau.add_argument("--evaluator", action="store_true", help="add an evaluator task")
@@ -111,6 +159,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lau.add_argument(
         "--timeout", type=_seconds, default=None, help="stop the job after SECONDS (> 0)"
+    )
+    lau.add_argument(
+        "--grace",
+        type=_grace,
+        default=None,
+        metavar="SECONDS",
+        help="seconds the tasks get to save and exit after a SIGTERM (or after a peer was "
+        "preempted) before SIGKILL (default 30)",
     )
     lau.add_argument(
         "--log-dir", "--log_dir", help="also write each task's output to LOG_DIR/<task>.log"
@@ -296,17 +352,29 @@ def _cmd_env(args) -> int:
 
 
 def _cmd_launch(args) -> int:
-    from tfdist.launcher.job import launch, plan_job
+    from tfdist.launcher.job import GRACE_SECONDS, _launch, exit_code, plan_job
 
     script_args = list(args.args)
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
     extra = {settings.STRATEGY.name: args.strategy} if args.strategy else None
-    if args.workers < 1 or args.ps < 0 or args.max_restarts < 0:
+    elastic = isinstance(args.workers, tuple)
+    if (not elastic and args.workers < 1) or args.ps < 0 or args.max_restarts < 0:
         print(
             "tfdist launch: error: --workers must be >= 1, --ps and --max-restarts >= 0 "
             f"(received --workers {args.workers} --ps {args.ps} --max-restarts "
             f"{args.max_restarts}). HINT: e.g. --workers 2 --ps 0 --max-restarts 1",
+            file=sys.stderr,
+        )
+        return 2
+    if elastic and args.ps:
+        low, high = args.workers
+        print(
+            f"tfdist launch: error: --workers {low}:{high} (an elastic job) does not go with "
+            f"--ps {args.ps}. HINT: a parameter-server job already keeps training when a worker "
+            "is lost: TensorFlow's ClusterCoordinator runs the lost worker's steps on the workers "
+            "left, where each task is its own pod or step (Kubernetes, SLURM); give a number of "
+            f"workers, e.g. --workers {high} --ps {args.ps}.",
             file=sys.stderr,
         )
         return 2
@@ -318,7 +386,6 @@ def _cmd_launch(args) -> int:
         )
         return 2
     job = dict(
-        workers=args.workers,
         ps=args.ps,
         chief=args.chief,
         evaluator=args.evaluator,
@@ -326,20 +393,22 @@ def _cmd_launch(args) -> int:
         extra_env=extra,
     )
     if args.dry_run:
-        for plan in plan_job(args.target, script_args, **job):
+        workers = args.workers[1] if elastic else args.workers
+        for plan in plan_job(args.target, script_args, workers=workers, **job):
             print(plan.describe())
         return 0
-    codes = launch(
+    result = _launch(
         args.target,
         script_args,
+        workers=args.workers,
         **job,
         max_restarts=args.max_restarts,
         timeout=args.timeout,
+        grace=GRACE_SECONDS if args.grace is None else args.grace,
         log_dir=args.log_dir,
         verbose=args.verbose,
     )
-    failed = {t: c for t, c in codes.items() if c != 0}
-    return 0 if not failed else 1
+    return exit_code(result)
 
 
 def _cmd_serve(args) -> int:
