@@ -2,7 +2,7 @@
 
     python preempt_fit.py OUT BACKUP [--api keras|tfdist] [--signal TASK:STEP] [--epochs E]
                           [--save-freq K] [--steps-per-epoch S] [--no-backup] [--batch B]
-                          [--fail TASK=FILE]
+                          [--fail TASK=FILE] [--step-sleep SECONDS]
 
 The same command in every task (TF_CONFIG differs), or alone. With --signal worker:1:15, task
 worker:1 sends itself SIGTERM once `optimizer.iterations` is 15, the first time only (a marker
@@ -10,7 +10,7 @@ file in OUT). The data are 96 examples in a fixed order, in global batches of 8 
 epoch); with --steps-per-epoch the data repeat and each epoch trains that many steps. At the end
 each task writes OUT/<task>.json: the weights, `iterations`, and the steps it trained itself
 (not the ones it skipped). OUT/training appears once the first step has trained, and each
-run appends "<task> <number of workers>" to OUT/runs.log. With --fail worker:2=FILE, task
+run appends "<task> <number of workers> <pid>" to OUT/runs.log. With --fail worker:2=FILE, task
 worker:2 dies (exit 1) at its third step while FILE exists.
 """
 
@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import signal
+import time
 
 import numpy as np
 
@@ -36,6 +37,7 @@ def main():
     parser.add_argument("--no-backup", action="store_true")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--fail", default=None, help="TASK=FILE: TASK dies while FILE exists")
+    parser.add_argument("--step-sleep", type=float, default=0.0)
     args = parser.parse_args()
     save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
 
@@ -73,7 +75,9 @@ def main():
             if len(trained) == 1:
                 open(os.path.join(args.out, "training"), "w").close()
                 with open(os.path.join(args.out, "runs.log"), "a") as f:
-                    f.write(f"{task} {tfdist.detect_cluster().num_workers}\n")
+                    f.write(f"{task} {tfdist.detect_cluster().num_workers} {os.getpid()}\n")
+            if logs and args.step_sleep:
+                time.sleep(args.step_sleep)
             if args.fail and len(trained) == 3:
                 who, _, path = args.fail.partition("=")
                 if who == task and os.path.exists(path):
