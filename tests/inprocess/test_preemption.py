@@ -106,3 +106,24 @@ def test_fit_saves_every_n_steps_and_the_state_says_where(tmp_path, virtual_cpus
     # saves after steps 3, 6, 9, 12 and 15 of 16: the last in epoch 2 (index 1), step 7
     assert (state["epoch"], state["step"], state["iterations"], state["saves"]) == (1, 7, 15, 5)
     assert state["position"] == 7 and state["reason"] == "steps"
+
+
+def test_a_fit_that_fails_in_a_step_leaves_sigterm_as_it_was(tmp_path, virtual_cpus):
+    import tensorflow as tf
+
+    from tfdist import signals
+
+    keras = tfdist.flavour.keras()
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+
+    def broken(x, y):  # the third batch cannot be read
+        tf.debugging.assert_less(tf.reduce_min(x), 2.0, message="a broken record")
+        return x, y
+
+    x = np.repeat(np.arange(6, dtype="float32"), 4).reshape(24, 1).repeat(4, axis=1)
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(4).map(broken)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="a broken record"):
+        model.fit(data, verbose=0, callbacks=[tfdist.BackupAndRestore(str(tmp_path / "b"))])
+    assert signals._LISTENERS == []  # SIGTERM ends the process again
+    assert getattr(model.train_function, "__self__", None) is None  # Keras' own function

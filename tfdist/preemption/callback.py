@@ -137,6 +137,8 @@ class BackupAndRestore:
     # ------------------------------------------------------------------- Keras hooks
 
     def on_train_begin(self, logs=None):
+        if self._agreement is not None:  # a fit of this callback that ended in an error
+            self._close()
         model = self.model
         strategy = model.distribute_strategy
         if _is_parameter_server(strategy):
@@ -210,7 +212,11 @@ class BackupAndRestore:
             for _ in range(self._steps_per_execution):
                 next(iterator)
             return {}
-        return self._train_function(iterator)
+        try:
+            return self._train_function(iterator)
+        except BaseException:
+            self._close()  # Keras calls no on_train_end after an error: SIGTERM ends us again
+            raise
 
     # ------------------------------------------------------------------ save, restore
 
