@@ -33,7 +33,7 @@ _LAZY = {
     "TaskUnavailableError": "tfdist.training",
     "distribute_dataset": "tfdist.data",
     "scale_learning_rate": "tfdist.data",
-    "launch": "tfdist.launcher.job",
+    "launch": "tfdist.launcher.restarts",
     "BackupAndRestore": "tfdist.preemption.callback",
     "Preempted": "tfdist.preemption",
     "PREEMPTED_EXIT_CODE": "tfdist.preemption",

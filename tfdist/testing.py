@@ -29,7 +29,8 @@ import pytest
 
 from tfdist import settings
 from tfdist.cluster import free_ports as _free_ports
-from tfdist.launcher.job import JobResult, plan_job, run_job
+from tfdist.launcher.job import plan_job, run_job
+from tfdist.launcher.outcome import JobResult
 
 __all__ = ["ClusterRunError", "TaskRun", "is_running", "run_cluster"]
 

@@ -17,8 +17,8 @@ import time
 import pytest
 
 from tfdist.launcher import JobFailed, launch, plan_job, run_job
-from tfdist.launcher import job as job_module
-from tfdist.launcher.job import _failure_message
+from tfdist.launcher import restarts as restarts_module
+from tfdist.launcher.outcome import _failure_message, exit_code
 from tfdist.testing import is_running
 
 from helpers.launcher import _script
@@ -187,12 +187,12 @@ time.sleep(60)  # never reaches the agreed step by itself
 
 
 def test_restarts_after_preemptions_are_capped(tmp_path, monkeypatch):
-    monkeypatch.setattr(job_module, "MAX_PREEMPTION_RESTARTS", 2)
+    monkeypatch.setattr(restarts_module, "MAX_PREEMPTION_RESTARTS", 2)
     script = _job(tmp_path, "sys.exit(143)  # whatever happens\n")
     out = io.StringIO()
-    result = job_module._launch(script, [str(tmp_path)], workers=1, quiet=True, out=out)
+    result = restarts_module._launch(script, [str(tmp_path)], workers=1, quiet=True, out=out)
     assert result.reason == "preempted" and result.returncodes == {"worker:0": 143}
-    assert job_module.exit_code(result) == 1
+    assert exit_code(result) == 1
     text = out.getvalue()
     assert "(not counted against --max-restarts; preemption restart 2 of at most 2)" in text
     assert "It was restarted 2 times after a preemption already" in text

@@ -81,7 +81,7 @@ def test_cli_dry_run_and_bad_input(tmp_path, capsys):
 
 
 def test_the_summary_gives_steps_per_second_for_tasks_that_trained():
-    from tfdist.launcher.job import JobResult, TaskResult, summary
+    from tfdist.launcher.outcome import JobResult, TaskResult, summary
 
     result = JobResult(
         "done",

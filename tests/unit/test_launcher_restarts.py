@@ -10,18 +10,16 @@ import pytest
 
 from tfdist.launcher import job as job_module
 from tfdist.launcher.cli import main
-from tfdist.launcher.job import (
+from tfdist.launcher.job import check_grace
+from tfdist.launcher.outcome import (
     JobResult,
     TaskResult,
     _failure_message,
-    _Slots,
-    check_grace,
-    check_workers,
     classify,
     exit_code,
-    launch,
     summary,
 )
+from tfdist.launcher.restarts import _Slots, check_workers, launch
 from tfdist.preemption import PREEMPTED_EXIT_CODE
 
 from helpers.launcher import _script

@@ -1,8 +1,10 @@
 """Local jobs: run a script as a multi-process TensorFlow job on loopback, and the `tfdist` command.
 
-- `job`: `plan_job` (pure: the cluster and each task's command and TF_CONFIG), `run_job` (the
-  processes, their output, stopping them all), `launch` (both, with restarts after a failure or
-  a preemption, and elastic jobs).
+- `job`: one attempt of a job: `plan_job` (pure: the cluster and each task's command and
+  TF_CONFIG), `run_job` (the processes, their output, stopping them all).
+- `outcome`: what became of a job: `TaskResult`, `JobResult`, `JobFailed`, the summary, the
+  exit code of `tfdist launch` and the failure and preemption messages.
+- `restarts`: `launch` (both, with restarts after a failure or a preemption, and elastic jobs).
 - `noise`: which lines of a task are TensorFlow's start-up noise, hidden from the terminal.
 - `cli`: the `tfdist` command (env, tf-config, launch, serve, doctor).
 - `smoke_job`: the 2-process job `tfdist doctor` runs.
@@ -12,14 +14,8 @@ The tasks run in a private network namespace (`tfdist.netns`) where the system a
 Nothing here imports TensorFlow at import time.
 """
 
-from tfdist.launcher.job import (
-    JobFailed,
-    JobResult,
-    TaskPlan,
-    TaskResult,
-    launch,
-    plan_job,
-    run_job,
-)
+from tfdist.launcher.job import TaskPlan, plan_job, run_job
+from tfdist.launcher.outcome import JobFailed, JobResult, TaskResult
+from tfdist.launcher.restarts import launch
 
 __all__ = ["JobFailed", "JobResult", "TaskPlan", "TaskResult", "launch", "plan_job", "run_job"]

@@ -352,7 +352,9 @@ def _cmd_env(args) -> int:
 
 
 def _cmd_launch(args) -> int:
-    from tfdist.launcher.job import GRACE_SECONDS, _launch, exit_code, plan_job
+    from tfdist.launcher.job import plan_job
+    from tfdist.launcher.outcome import GRACE_SECONDS, exit_code
+    from tfdist.launcher.restarts import _launch
 
     script_args = list(args.args)
     if script_args[:1] == ["--"]:

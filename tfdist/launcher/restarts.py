@@ -1,0 +1,429 @@
+"""Restarts and elastic membership of a local job: `launch`, the Python twin of `tfdist launch`.
+
+`launch(...)` plans and runs the job (`tfdist.launcher.job`) again after it ended other than
+done: counted restarts after a failure (`max_restarts`), uncounted ones after a preemption (at
+most `MAX_PREEMPTION_RESTARTS`), and, for an elastic job (`workers=(MIN, MAX)`,
+`check_workers`), uncounted ones with one worker fewer (a worker slot lost for good, `_Slots`)
+or more (SIGUSR1 or `grow`: a slot came back, `_Requests`). A SIGINT or SIGTERM to the
+launcher stops the job, which is not restarted. The `tfdist launch` command is a thin wrapper
+over `_launch`, which returns the last attempt's `JobResult` (`tfdist.launcher.outcome`).
+
+May import: tfdist.settings, tfdist.errors, tfdist.preemption (its `__init__`: the exit code),
+and of this package `job` and `outcome`. Holds no module-level state; while `launch` runs in
+the main thread, it handles SIGINT, SIGTERM and (an elastic job) SIGUSR1. Nothing here
+imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import sys
+import threading
+from typing import Dict, List, Mapping, Optional, Sequence, TextIO, Tuple, Union
+
+from tfdist import settings
+from tfdist.errors import is_count
+from tfdist.launcher.job import check_grace, check_timeout, plan_job, run_job
+from tfdist.launcher.outcome import (
+    GRACE_SECONDS,
+    JobFailed,
+    JobResult,
+    _failure_message,
+    _first_failure,
+    _preempted_by,
+    summary,
+)
+from tfdist.preemption import PREEMPTED_EXIT_CODE
+
+__all__ = ["launch"]
+
+# Restarts after a preemption are not counted against max_restarts; this many at most per
+# `launch`, so that a script that exits with 143 whatever happens does not restart forever.
+MAX_PREEMPTION_RESTARTS = 100
+
+
+def check_workers(workers, ps: int = 0) -> Tuple[int, int]:
+    """(MIN, MAX) workers of a job: `workers=N` gives (N, N) (N is checked where the cluster is
+    made); `workers=(MIN, MAX)`, an elastic job, needs 1 <= MIN <= MAX and no ps.
+
+    Raises:
+        ValueError: quoting the value, with the fix.
+    """
+    if isinstance(workers, (tuple, list)):
+        if not (
+            len(workers) == 2 and all(is_count(w, 1) for w in workers) and workers[0] <= workers[1]
+        ):
+            raise ValueError(
+                "An elastic job's workers must be a pair (MIN, MAX) of whole numbers with "
+                f"1 <= MIN <= MAX. Received: workers={workers!r}. HINT: e.g. workers=(2, 3) "
+                "starts 3 workers and goes on with 2 when a worker slot is lost for good."
+            )
+        if ps:
+            raise ValueError(
+                f"workers={tuple(workers)!r} (an elastic job) does not go with ps={ps!r}. HINT: "
+                "a parameter-server job already keeps training when a worker is lost: "
+                "TensorFlow's ClusterCoordinator runs the lost worker's steps on the workers left, "
+                "where each task is its own pod or step (Kubernetes, SLURM); give a number of "
+                "workers, e.g. workers=2."
+            )
+        return int(workers[0]), int(workers[1])
+    if isinstance(workers, str):
+        raise ValueError(
+            f"workers must be a number of workers or a pair (MIN, MAX). Received: "
+            f"workers={workers!r}. HINT: e.g. workers=2, or workers=(2, 3) for an elastic job."
+        )
+    return workers, workers
+
+
+class _Slots:
+    """The worker slots of an elastic job (`workers=(MIN, MAX)`), and the failures of each.
+
+    There are MAX slots, numbered 0..MAX-1. An attempt runs one worker per active slot, in slot
+    order, renumbered worker:0..n-1 (TF_CONFIG needs contiguous indices). A failure counts
+    against the slot of the task that failed; a slot that failed more than `max_restarts`
+    times is lost for good (while MIN slots stay active) and comes back with `grow`. A chief or
+    evaluator is a slot of its own that cannot be lost.
+    """
+
+    def __init__(self, low: int, high: int, max_restarts: int):
+        self.low, self.high, self.max_restarts = low, high, max_restarts
+        self.active: List[int] = list(range(high))
+        self.lost: List[int] = []
+        self.failures: Dict[Union[int, str], int] = {}
+
+    @property
+    def workers(self) -> int:
+        return len(self.active)
+
+    def slot(self, task: Optional[str]) -> Union[int, str]:
+        """The slot of task "worker:i" of the current attempt; other tasks are their own."""
+        job, _, index = (task or "the job").partition(":")
+        if job == "worker" and index.isdigit() and int(index) < len(self.active):
+            return self.active[int(index)]
+        return task or "the job"
+
+    @staticmethod
+    def name(slot: Union[int, str]) -> str:
+        return f"worker slot {slot}" if isinstance(slot, int) else str(slot)
+
+    def failed(self, task: Optional[str]) -> Tuple[str, Union[int, str], int]:
+        """Counts a failure of `task`: ("restart", slot, count) while the slot may restart,
+        ("shrink", slot, count) when it is lost for good and the job goes on with one worker
+        fewer, ("fail", slot, count) when the job cannot go on."""
+        slot = self.slot(task)
+        count = self.failures[slot] = self.failures.get(slot, 0) + 1
+        if count <= self.max_restarts:
+            return "restart", slot, count
+        if isinstance(slot, int) and self.workers - 1 >= self.low:
+            self.active.remove(slot)
+            self.lost.append(slot)
+            del self.failures[slot]
+            return "shrink", slot, count
+        return "fail", slot, count
+
+    def grow(self, wanted: int) -> List[int]:
+        """Gives back up to `wanted` lost slots, those lost first first; returns them."""
+        back, self.lost = self.lost[:wanted], self.lost[wanted:]
+        self.active = sorted(self.active + back)
+        return back
+
+
+class _Requests:
+    """What the launcher is asked while `launch` runs: its own SIGINT or SIGTERM (stop, and do
+    not restart), and, for an elastic job, SIGUSR1 or the `grow` event (a slot came back)."""
+
+    def __init__(self, grow: Optional[threading.Event]):
+        self.signals: List[int] = []
+        self._grows: List[int] = []  # one entry a request (a list: signal handlers append)
+        self._event = grow
+        self.on_sigusr1 = False  # SIGUSR1 is handled (launch runs in the main thread)
+
+    def pending(self) -> int:
+        if self._event is not None and self._event.is_set():
+            self._event.clear()
+            self._grows.append(0)
+        return len(self._grows)
+
+    def take(self) -> int:
+        count = self.pending()
+        del self._grows[:count]
+        return count
+
+    @contextlib.contextmanager
+    def handled(self, elastic: bool):
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(
+                    sig, lambda signum, frame: self.signals.append(signum)
+                )
+            if elastic and hasattr(signal, "SIGUSR1"):
+                previous[signal.SIGUSR1] = signal.signal(
+                    signal.SIGUSR1, lambda signum, frame: self._grows.append(signum)
+                )
+                self.on_sigusr1 = True
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def launch(
+    target: str,
+    args: Sequence[str] = (),
+    *,
+    workers: Union[int, Tuple[int, int]] = 1,
+    ps: int = 0,
+    chief: bool = False,
+    evaluator: bool = False,
+    module: bool = False,
+    max_restarts: int = 0,
+    timeout: Optional[float] = None,
+    grace: float = GRACE_SECONDS,
+    log_dir: Optional[str] = None,
+    extra_env: Optional[Mapping[str, str]] = None,
+    quiet: bool = False,
+    out: Optional[TextIO] = None,
+    check: bool = False,
+    verbose: Optional[bool] = None,
+    grow: Optional[threading.Event] = None,
+) -> Dict[str, int]:
+    """Runs `target` as a local multi-process job; the Python twin of `tfdist launch`.
+
+    A task's exit code 0 means done, `PREEMPTED_EXIT_CODE` (143) preempted and saved (after a
+    SIGTERM, with `tfdist.BackupAndRestore`), anything else failed. A preempted job is
+    restarted at once, on fresh ports, without counting against `max_restarts` (at most
+    `MAX_PREEMPTION_RESTARTS`, 100, times). A SIGINT or SIGTERM to the launcher itself is passed
+    on to every task (SIGKILL after `grace` seconds), and the job is not restarted.
+
+    Args:
+        target: str. A script path, or a module name with `module=True`.
+        args: list of str. The script's arguments.
+        workers: int, or a pair (MIN, MAX): an elastic multi-worker job, which starts with MAX
+            workers, goes on with one worker fewer when a worker slot has failed more than
+            `max_restarts` times (down to MIN), and with one more on SIGUSR1 to the launcher
+            (or when `grow` is set). Not with `ps`.
+        ps / chief / evaluator: the other tasks of the job (see `plan_job`).
+        max_restarts: int. Restart the whole job, on fresh ports, at most this many times after
+            a failure (in an elastic job: per worker slot). Defaults to 0.
+        timeout: float. Seconds before the job is stopped, > 0. Defaults to no limit.
+        grace: float. Seconds the tasks get to exit after a SIGTERM (or after a peer was
+            preempted) before SIGKILL, > 0. Defaults to 30.
+        log_dir: str. Also write each task's output to `<log_dir>/<type>-<index>.log` (every
+            line, TensorFlow's start-up noise included).
+        check: bool. Raise `JobFailed` instead of returning when the job fails.
+        verbose: bool. Also forward TensorFlow's start-up noise (C++ INFO lines, the CUDA and
+            oneDNN notices). Defaults to TFDIST_VERBOSE (off). Errors are always forwarded.
+        grow: threading.Event. An elastic job only: set it (from any thread) to give back one
+            worker slot lost for good, like SIGUSR1 does.
+
+    Returns:
+        dict: task name ("worker:0") -> exit code of the last attempt.
+
+    Raises:
+        ValueError: a bad `workers`, `max_restarts`, `timeout` or `grace`.
+        JobFailed: with `check=True`, when the job did not end done.
+    """
+    return _launch(
+        target,
+        args,
+        workers=workers,
+        ps=ps,
+        chief=chief,
+        evaluator=evaluator,
+        module=module,
+        max_restarts=max_restarts,
+        timeout=timeout,
+        grace=grace,
+        log_dir=log_dir,
+        extra_env=extra_env,
+        quiet=quiet,
+        out=out,
+        check=check,
+        verbose=verbose,
+        grow=grow,
+    ).returncodes
+
+
+def _launch(
+    target: str,
+    args: Sequence[str] = (),
+    *,
+    workers: Union[int, Tuple[int, int]] = 1,
+    ps: int = 0,
+    chief: bool = False,
+    evaluator: bool = False,
+    module: bool = False,
+    max_restarts: int = 0,
+    timeout: Optional[float] = None,
+    grace: float = GRACE_SECONDS,
+    log_dir: Optional[str] = None,
+    extra_env: Optional[Mapping[str, str]] = None,
+    quiet: bool = False,
+    out: Optional[TextIO] = None,
+    check: bool = False,
+    verbose: Optional[bool] = None,
+    grow: Optional[threading.Event] = None,
+) -> JobResult:
+    """`launch`, returning the JobResult of the last attempt (the CLI's exit code needs it)."""
+    if not is_count(max_restarts):
+        raise ValueError(
+            f"max_restarts must be a non-negative integer. Received: "
+            f"max_restarts={max_restarts!r}. HINT: 0 runs the job once; 1 restarts it once."
+        )
+    low, high = check_workers(workers, ps)
+    elastic = isinstance(workers, (tuple, list))
+    if grow is not None and not elastic:
+        raise ValueError(
+            f"grow= needs an elastic job. Received: workers={workers!r}. HINT: "
+            "workers=(MIN, MAX), e.g. workers=(2, 3), starts 3 workers and can go on with 2."
+        )
+    timeout = check_timeout(timeout)
+    grace = check_grace(grace)
+    verbose = settings.VERBOSE.get() if verbose is None else bool(verbose)
+    out = out or sys.stdout
+    spec = f"--workers {low}:{high}"
+    slots = _Slots(low, high, max_restarts) if elastic else None
+
+    def say(text: str) -> None:
+        out.write(f"[tfdist] {text}\n")
+        out.flush()
+
+    with _Requests(grow).handled(elastic) as requests:
+
+        def resize() -> Optional[str]:
+            if not requests.pending():
+                return None
+            if slots.workers < high:
+                return "resized"
+            requests.take()
+            say(f"A worker slot came back, but the job already runs {high} workers ({spec}).")
+            return None
+
+        if elastic:
+            how = (
+                f"`kill -USR1 {os.getpid()}` (this launcher's pid)"
+                if requests.on_sigusr1
+                else "setting `grow`"
+            )
+            say(
+                f"Elastic job ({spec}): starting {high} workers. A worker slot that fails more "
+                f"than --max-restarts {max_restarts} {'time' if max_restarts == 1 else 'times'} "
+                f"is dropped (down to {low} workers); {how} gives one back."
+            )
+        attempt = preemptions = 0
+        result: Optional[JobResult] = None
+        note = ""
+        while True:
+            if requests.signals:  # the launcher's own signal, between two attempts
+                signum = requests.signals[0]
+                result = (
+                    dataclasses.replace(result, launcher_signal=signum)
+                    if result
+                    else JobResult("interrupted", {}, launcher_signal=signum)
+                )
+                break
+            if elastic and slots.workers < high and requests.pending():
+                back = slots.grow(requests.take())  # asked for between two attempts
+                say(f"{_plural(len(back), 'worker slot')} came back: {slots.workers} workers.")
+            plans = plan_job(
+                target,
+                args,
+                workers=slots.workers if elastic else workers,
+                ps=ps,
+                chief=chief,
+                evaluator=evaluator,
+                module=module,
+                extra_env=extra_env,
+            )
+            result = run_job(
+                plans,
+                timeout=timeout,
+                grace=grace,
+                out=out,
+                log_dir=log_dir,
+                quiet=quiet,
+                verbose=verbose,
+                stop_when=resize if elastic else None,
+            )
+            if not quiet:
+                out.write(summary(result))
+                out.flush()
+            if result.ok or result.launcher_signal:
+                break
+            if result.reason == "preempted":
+                if preemptions < MAX_PREEMPTION_RESTARTS:
+                    preemptions += 1
+                    say(
+                        f"The job was preempted ({_preempted_by(result)}); restarting it on "
+                        "fresh ports (not counted against --max-restarts; preemption restart "
+                        f"{preemptions} of at most {MAX_PREEMPTION_RESTARTS})."
+                    )
+                    continue
+                note = (
+                    f"It was restarted {MAX_PREEMPTION_RESTARTS} times after a preemption "
+                    "already (MAX_PREEMPTION_RESTARTS), so it is not restarted again. HINT: a "
+                    f"script that exits with {PREEMPTED_EXIT_CODE} when it was not sent SIGTERM "
+                    "restarts forever; run the same command again to resume from the backup."
+                )
+                break
+            if result.reason == "resized":
+                back = slots.grow(requests.take())
+                say(
+                    f"{_plural(len(back), 'worker slot')} came back; restarting the job with "
+                    f"{slots.workers} workers on fresh ports (not counted against "
+                    "--max-restarts)."
+                )
+                continue
+            if result.reason != "failed":
+                break
+            message = _failure_message(result, timeout, grace)
+            if not elastic:
+                if attempt < max_restarts:
+                    attempt += 1
+                    say(
+                        f"{message}\n[tfdist] Restarting the job ({attempt}/{max_restarts}) on "
+                        "fresh ports."
+                    )
+                    continue
+                break
+            first = _first_failure(result)
+            verdict, slot, count = slots.failed(first.task if first else None)
+            failures = f"{_plural(count, 'failure')} of {slots.name(slot)}"
+            if verdict == "restart":
+                say(
+                    f"{message}\n[tfdist] Restarting the job ({count}/{max_restarts} for "
+                    f"{slots.name(slot)}) on fresh ports."
+                )
+                continue
+            if verdict == "shrink":
+                say(
+                    f"{message}\n[tfdist] After {failures}, more than --max-restarts "
+                    f"{max_restarts}, the slot is lost for good: restarting the job with "
+                    f"{slots.workers} workers on fresh ports ({spec}; not counted against "
+                    "--max-restarts)."
+                )
+                continue
+            note = f"After {failures}, more than --max-restarts {max_restarts}, the job stops" + (
+                f": it cannot go on with fewer than {low} workers ({spec})."
+                if isinstance(slot, int)
+                else f" ({slot} is not a worker slot that the job can go on without)."
+            )
+            break
+    if result.ok:
+        return result
+    message = _failure_message(result, timeout, grace)
+    if check:
+        raise JobFailed(f"{message}\n{note}" if note else message, result)
+    say(message)
+    if note:
+        say(note)
+    return result
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
