@@ -8,6 +8,10 @@ The same script runs unchanged everywhere; only the environment differs:
     srun python examples/train.py                         # SLURM (examples/slurm/)
     # Kubernetes TFJob: TF_CONFIG per replica              (examples/kubernetes/)
 
+With --backup_dir, tfdist.BackupAndRestore backs training up there after every epoch and,
+on SIGTERM to any task, stops every worker after the same step, saves, and exits with code
+143 (tfdist.PREEMPTED_EXIT_CODE); the same command run again resumes at the next step.
+
 Data: scikit-learn's handwritten digits (8x8 images, 10 classes), shipped inside the package,
 so nothing is downloaded. 80% trains, 20% is held out (examples/digits.py, with the model).
 The scripts next to this one show one strategy each, in the idiom that suits it:
@@ -35,6 +39,12 @@ flags.DEFINE_integer(
 flags.DEFINE_string(
     "model_dir", "", "Where the chief saves the trained weights (digits.weights.h5)."
 )
+flags.DEFINE_string(
+    "backup_dir",
+    "",
+    "Back training up here (on storage every task shares) and resume from it: "
+    "tfdist.BackupAndRestore, which also saves on SIGTERM and exits with code 143.",
+)
 
 
 def build_model():
@@ -61,6 +71,7 @@ def main(argv):
     tfdist.set_precision(FLAGS.precision)
     spec = tfdist.detect_cluster()
     (x_train, y_train), (x_test, y_test) = digits.load()
+    callbacks = [tfdist.BackupAndRestore(FLAGS.backup_dir)] if FLAGS.backup_dir else []
     # an epoch: one pass over the examples, on every strategy (steps_per_epoch= changes it)
     history = tfdist.fit(
         build_model,
@@ -70,6 +81,7 @@ def main(argv):
         global_batch_size=FLAGS.global_batch_size,
         shuffle=True,
         seed=0,
+        callbacks=callbacks,
     )
     results = tfdist.evaluate(
         history.model,

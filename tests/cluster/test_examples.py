@@ -82,7 +82,8 @@ def runs(tmp_path_factory):
         "train": (
             _job,
             "train.py",
-            ["--epochs", "2", "--model_dir", str(train_dir)],
+            # as examples/slurm/train.sbatch and the Kubernetes manifests run it
+            ["--epochs", "2", "--model_dir", str(train_dir), "--backup_dir", str(train_dir / "b")],
             {"workers": 2},
         ),
     }
@@ -153,4 +154,5 @@ def test_mixed_precision_computes_in_bfloat16_and_keeps_float32_variables(runs):
 def test_train_py_learns_digits_on_multi_worker_mirrored(runs):
     output = _succeeded(runs, "train", "CollectiveAllReduceStrategy")
     assert "weights saved to" in output
+    # the backup (--backup_dir) was deleted once training had finished
     assert os.listdir(runs["dirs"]["train"]) == ["digits.weights.h5"]
