@@ -33,6 +33,7 @@ from helpers.scheduler import (
     alive,
     base_env,
     fake_bin,
+    kill,
     read_json,
     results,
     started,
@@ -110,22 +111,25 @@ class Pods:
 def pods(tmp_path_factory):
     """The Job's pods: pod 1 evicted once training has started, then the replacements."""
     pods = Pods(tmp_path_factory.mktemp("kubernetes"))
-    state = {}
-    procs, state["hosts"] = pods.start("first")
-    wait_for([pods.model_dir / "worker-0.started", pods.model_dir / "worker-1.started"], procs)
-    state["first_started"] = started(pods.model_dir)
-    procs[1].send_signal(signal.SIGTERM)  # the kubelet evicts pod 1
-    state["first_codes"] = [p.wait(timeout=TIMEOUT) for p in procs]
-    state["pids"] = [p.pid for p in procs]
-    state_file = pods.backup / "tfdist-backup.json"
-    state["backup_after_first"] = read_json(state_file) if state_file.exists() else None
+    state = {"pids": []}
+    try:
+        procs, state["hosts"] = pods.start("first")
+        state["pids"] += [p.pid for p in procs]
+        wait_for([pods.model_dir / "worker-0.started", pods.model_dir / "worker-1.started"], procs)
+        state["first_started"] = started(pods.model_dir)
+        procs[1].send_signal(signal.SIGTERM)  # the kubelet evicts pod 1
+        state["first_codes"] = [p.wait(timeout=TIMEOUT) for p in procs]
+        state_file = pods.backup / "tfdist-backup.json"
+        state["backup_after_first"] = read_json(state_file) if state_file.exists() else None
 
-    procs, _ = pods.start("replaced")
-    state["second_codes"] = [p.wait(timeout=TIMEOUT) for p in procs]
-    state["pids"] += [p.pid for p in procs]
-    state["second_started"] = started(pods.model_dir)
-    state["results"] = results(pods.model_dir)
-    return pods, state
+        procs, _ = pods.start("replaced")
+        state["pids"] += [p.pid for p in procs]
+        state["second_codes"] = [p.wait(timeout=TIMEOUT) for p in procs]
+        state["second_started"] = started(pods.model_dir)
+        state["results"] = results(pods.model_dir)
+        yield pods, state
+    finally:  # after a failure, no pod may run on
+        kill(state["pids"])
 
 
 def test_each_pod_gets_its_tf_config_from_the_job_completion_index(pods):

@@ -30,8 +30,10 @@ from helpers.scheduler import (
     alive,
     base_env,
     fake_bin,
+    kill,
     read_json,
     results,
+    srun_pids,
     started,
     two_consecutive_free_ports,
     wait_for,
@@ -100,27 +102,27 @@ class Job:
 def job(tmp_path_factory):
     """Job 4242, preempted once, then run again as SLURM runs a requeued job."""
     job = Job(tmp_path_factory.mktemp("slurm"))
-    state = {}
+    state, batches = {}, []
+    try:
+        batch = job.start("first")
+        batches.append(batch.pid)
+        wait_for([job.run_dir / "worker-0.started", job.run_dir / "worker-1.started"], [batch])
+        state["first_started"] = started(job.run_dir)
+        batch.send_signal(signal.SIGTERM)  # to the batch shell only, as --signal=B:TERM does
+        state["first_code"] = batch.wait(timeout=TIMEOUT)
+        state_file = job.backup / "tfdist-backup.json"
+        state["backup_after_first"] = read_json(state_file) if state_file.exists() else None
+        state["scontrol_after_first"] = job.scontrol_calls()
 
-    batch = job.start("first")
-    wait_for([job.run_dir / "worker-0.started", job.run_dir / "worker-1.started"], [batch])
-    state["first_started"] = started(job.run_dir)
-    batch.send_signal(signal.SIGTERM)  # to the batch shell only, as --signal=B:TERM does
-    state["first_code"] = batch.wait(timeout=TIMEOUT)
-    state["first_batch_pid"] = batch.pid
-    state["backup_after_first"] = (
-        read_json(job.backup / "tfdist-backup.json")
-        if (job.backup / "tfdist-backup.json").exists()
-        else None
-    )
-    state["scontrol_after_first"] = job.scontrol_calls()
-
-    batch = job.start("requeued", restart_count=1)
-    state["second_code"] = batch.wait(timeout=TIMEOUT)
-    state["second_batch_pid"] = batch.pid
-    state["second_started"] = started(job.run_dir)
-    state["results"] = results(job.run_dir)
-    return job, state
+        batch = job.start("requeued", restart_count=1)
+        batches.append(batch.pid)
+        state["second_code"] = batch.wait(timeout=TIMEOUT)
+        state["second_started"] = started(job.run_dir)
+        state["results"] = results(job.run_dir)
+        state["batch_pids"] = batches
+        yield job, state
+    finally:  # after a failure, nothing of the job may run on
+        kill(batches + srun_pids(job.srun_log("first")) + srun_pids(job.srun_log("requeued")))
 
 
 def test_sigterm_to_the_batch_script_saves_and_requeues_the_job(job):
@@ -173,7 +175,7 @@ def test_the_requeued_run_resumes_at_the_next_step_and_finishes(job):
 
 def test_no_process_outlives_its_run(job):
     job, state = job
-    pids = [state["first_batch_pid"], state["second_batch_pid"]]
+    pids = list(state["batch_pids"])
     for run in ("first", "requeued"):
         for step in job.steps(run):
             pids += step["pids"] + [step["srun_pid"]]

@@ -8,6 +8,7 @@ batch script, the pods' command lines, tfdist and TensorFlow are the real ones.
 
 import json
 import os
+import signal
 import socket
 import stat
 import sys
@@ -64,6 +65,8 @@ def main():
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    with open(LOG + ".pids", "a") as f:  # for the test to clean up after a failure
+        f.write(f"{{os.getpid()}}\\n")
     for rank in range(ntasks):
         env = dict(
             os.environ,
@@ -77,6 +80,8 @@ def main():
             SLURM_STEP_TASKS_PER_NODE=str(ntasks),
         )
         procs.append(subprocess.Popen(args, env=env, start_new_session=True))
+        with open(LOG + ".pids", "a") as f:
+            f.write(f"{{procs[-1].pid}}\\n")
         if received:  # a signal came while the tasks were starting
             os.killpg(procs[-1].pid, received[-1])
     codes = [proc.wait() for proc in procs]
@@ -151,7 +156,7 @@ def two_consecutive_free_ports():
             return port
 
 
-def wait_for(paths, procs, timeout=120.0):
+def wait_for(paths, procs, timeout=180.0):
     """Waits until every path exists; fails if a process in `procs` ends first."""
     deadline = time.monotonic() + timeout
     while not all(os.path.exists(p) for p in paths):
@@ -183,3 +188,21 @@ def results(model_dir, tasks=("worker:0", "worker:1")):
 def alive(pids):
     """The pids of `pids` that still run."""
     return [pid for pid in pids if is_running(pid)]
+
+
+def kill(pids):
+    """SIGKILL to every pid of `pids` that still runs (cleaning up after a failed test)."""
+    for pid in alive(pids):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def srun_pids(log):
+    """Every pid the fake srun writing `log` started: its own and its tasks'."""
+    path = f"{log}.pids"
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [int(line) for line in f.read().split()]
