@@ -6,36 +6,16 @@ import sys
 
 import pytest
 
-from tfdist.cluster import free_ports
-
 from helpers.paths import EXAMPLES
+from helpers.scheduler import two_consecutive_free_ports
 
 pytestmark = pytest.mark.slow
 
 EXAMPLE = os.path.join(EXAMPLES, "allreduce.py")
 
 
-def _two_consecutive_free_ports():
-    """srun's tasks on one node listen on base port + local task index."""
-    while True:
-        port = free_ports(1)[0]
-        if port < 65535 and _free(port + 1):
-            return port
-
-
-def _free(port):
-    import socket
-
-    with socket.socket() as sock:
-        try:
-            sock.bind(("", port))
-        except OSError:
-            return False
-    return True
-
-
 def test_two_task_srun_step_trains_without_tf_config():
-    port = _two_consecutive_free_ports()
+    port = two_consecutive_free_ports()
     procs = []
     for rank in range(2):
         env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}

@@ -265,8 +265,9 @@ class BackupAndRestore:
         who = "this task" if agreement.claimed_by == agreement.worker else "another task"
         where = f"epoch {self._epoch + 1}, step {self._step}"
         if self._is_chief:
+            stopped = "every worker stopped" if agreement.multi_worker else "training stopped"
             _say(
-                f"tfdist: SIGTERM (to {who}): every worker stopped after {where}; the backup "
+                f"tfdist: SIGTERM (to {who}): {stopped} after {where}; the backup "
                 f"is in {self.backup_dir}. Exiting with code {PREEMPTED_EXIT_CODE}: run the "
                 "same command again to resume at the next step."
             )
