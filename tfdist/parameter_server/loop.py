@@ -15,12 +15,28 @@ snapshot (a ratio such as accuracy can be momentarily off). Epoch logs are read 
 scheduled group has run, so they are exact. Without batch-level callbacks (no progress bar,
 verbose=0 or 2) no group's logs are read but the epoch's last: groups run back to back.
 
+A backup callback (`tfdist.BackupAndRestore`) drives the loop through a duck-typed protocol,
+so that this package imports nothing of tfdist.preemption: during the fit it sets an object on
+the model, `model._tfdist_backup` (past Keras' attribute tracking), with
+
+    callback                  the Keras callback it belongs to (its batch hooks need no logs)
+    initial_step()            steps of the first epoch already trained (a restored backup)
+    stop_requested()          asked once after each group is scheduled: schedule no more
+    after_groups(epoch, steps_done)
+                              once the scheduled groups have run (`steps_done` steps of
+                              `epoch`): saves if due, and raises (tfdist.Preempted) to stop
+    close()                   the fit ended in an error (no on_train_end comes)
+
+The loop then keeps at most `_Runner.window` groups in flight (a stop waits for no more than
+those) and reads no group's logs for it.
+
 May import: tfdist.flavour, and of this package `checks`, `datasets`, `model`, `runner`,
 `watchdog` and `tf_keras`. Holds no state.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Optional
 
 from tfdist import flavour
@@ -57,8 +73,11 @@ def _history(callbacks):
     return None
 
 
-def _has_batch_hooks(callbacks, mode: str) -> bool:
-    """True when a callback does something per batch (so each group's logs must be read)."""
+def _has_batch_hooks(callbacks, mode: str, driver=None) -> bool:
+    """True when a callback does something per batch (so each group's logs must be read).
+
+    `driver`: a callback that drives the loop through its own protocol (a backup's), whose
+    batch hooks need no logs."""
     from keras.src.utils.python_utils import is_default
 
     keras = flavour.keras()
@@ -69,7 +88,10 @@ def _has_batch_hooks(callbacks, mode: str) -> bool:
         if mode == "train"
         else ("on_test_batch_begin", "on_test_batch_end")
     )
+
     for callback in callbacks.callbacks:
+        if driver is not None and callback is driver:
+            continue
         if type(callback) is keras.callbacks.ProgbarLogger:  # pylint: disable=unidiomatic-typecheck
             # It shows batch logs with verbose=1 only, and none while validating in fit.
             if callback.verbose != 1 or (mode == "test" and callback._called_in_fit):
@@ -77,6 +99,65 @@ def _has_batch_hooks(callbacks, mode: str) -> bool:
         if any(not is_default(getattr(callback, name, None) or (lambda: None)) for name in names):
             return True
     return False
+
+
+def _backup_of(model, callbacks):
+    """The backup that drives this fit (see the module's docstring), or None."""
+    backup = getattr(model, "_tfdist_backup", None)
+    ours = getattr(callbacks, "callbacks", ())
+    if backup is None or getattr(backup, "callback", None) not in ours:
+        return None  # none, or one left by an earlier fit that did not end
+    return backup
+
+
+@contextlib.contextmanager
+def _closed_on_error(backup):
+    """Keras calls no on_train_end after an error: then the backup is closed (it stops turning
+    SIGTERM into a stop, and leaves the model)."""
+    try:
+        yield
+    except BaseException:
+        if backup is not None:
+            backup.close()
+        raise
+
+
+def _train_epoch(model, runner, iterator, epoch, step, steps, k, callbacks, batch_hooks, backup):
+    """Trains steps `step` to `steps - 1` of `epoch`; returns the logs of its last group.
+
+    Without a backup, one run of the runner. With one, runs until the backup asks to stop (a
+    save is due, or a SIGTERM came), hands over the steps done, and goes on if it returns.
+    """
+    last = {}
+    while step < steps:
+
+        def should_stop():
+            stop = backup is not None and backup.stop_requested()  # asked after every group
+            return stop or model.stop_training
+
+        last = (
+            runner.run(
+                "train",
+                iterator,
+                steps - step,
+                k,
+                lambda begin, offset=step: callbacks.on_train_batch_begin(begin + offset),
+                lambda end, logs, offset=step: callbacks.on_train_batch_end(
+                    end + offset, _to_python(logs)
+                ),
+                should_stop,
+                batch_hooks=batch_hooks,
+                ahead=None if backup is None else runner.window,
+            )
+            or last
+        )
+        step += runner.scheduled
+        if backup is None:
+            break
+        backup.after_groups(epoch, step)  # raises to stop
+        if model.stop_training:
+            break
+    return last
 
 
 def _epoch_logs(model, last_logs) -> dict:
@@ -243,32 +324,40 @@ def _fit_keras3(
     # As Keras' fit: BackupAndRestore.on_train_begin restores the weights and sets the epoch
     # to resume at.
     initial_epoch = getattr(model, "_initial_epoch", None) or initial_epoch
-    batch_hooks = _has_batch_hooks(callbacks, "train")
+    backup = _backup_of(model, callbacks)
+    first_step = backup.initial_step() if backup is not None else 0
+    if first_step >= steps_per_epoch:  # the backup was saved after the epoch's last step
+        initial_epoch, first_step = initial_epoch + 1, 0
+    batch_hooks = _has_batch_hooks(callbacks, "train", getattr(backup, "callback", None))
     training_logs = None
-    for epoch in range(initial_epoch, epochs):
-        model.reset_metrics()
-        callbacks.on_epoch_begin(epoch)
-        last = runner.run(
-            "train",
-            train_iterator,
-            steps_per_epoch,
-            k,
-            callbacks.on_train_batch_begin,
-            lambda end, logs: callbacks.on_train_batch_end(end, _to_python(logs)),
-            lambda: model.stop_training,
-            batch_hooks=batch_hooks,
-        )
-        epoch_logs = _epoch_logs(model, last)
-        if validation is not None:
-            # A fresh iterator: every validation starts at the beginning of its data.
-            val_logs = _evaluate_loop(
-                model, runner, iter(validation), validation_steps, k, callbacks
+    with _closed_on_error(backup):
+        for epoch in range(initial_epoch, epochs):
+            model.reset_metrics()
+            callbacks.on_epoch_begin(epoch)
+            last = _train_epoch(
+                model,
+                runner,
+                train_iterator,
+                epoch,
+                first_step,
+                steps_per_epoch,
+                k,
+                callbacks,
+                batch_hooks,
+                backup,
             )
-            epoch_logs.update({f"val_{name}": value for name, value in val_logs.items()})
-        callbacks.on_epoch_end(epoch, epoch_logs)
-        training_logs = epoch_logs
-        if model.stop_training:
-            break
+            first_step = 0
+            epoch_logs = _epoch_logs(model, last)
+            if validation is not None:
+                # A fresh iterator: every validation starts at the beginning of its data.
+                val_logs = _evaluate_loop(
+                    model, runner, iter(validation), validation_steps, k, callbacks
+                )
+                epoch_logs.update({f"val_{name}": value for name, value in val_logs.items()})
+            callbacks.on_epoch_end(epoch, epoch_logs)
+            training_logs = epoch_logs
+            if model.stop_training:
+                break
     if epochs > initial_epoch and isinstance(model.optimizer, keras.optimizers.Optimizer):
         model.optimizer.finalize_variable_values(model.trainable_weights)
     callbacks.on_train_end(logs=training_logs)

@@ -168,6 +168,7 @@ class _Runner:
         self._bases: Optional[list] = None  # each slot's value on the ps; None: read it
         self._next_slot = 0
         self._lost_workers: set = set()
+        self.scheduled = 0  # steps scheduled by the latest run; all of them ran once it returned
         self._direct = _direct_schedule_allowed() and callable(
             getattr(getattr(coordinator, "_cluster", None), "schedule", None)
         )
@@ -413,6 +414,7 @@ class _Runner:
         on_end,
         should_stop,
         batch_hooks: bool = True,
+        ahead: Optional[int] = None,
     ) -> dict:
         """Runs `steps` steps; returns the logs of the last group (in scheduling order).
 
@@ -420,13 +422,18 @@ class _Runner:
         `on_end(last_step, logs)` when it has run, in scheduling order; at most `window`
         groups wait for their `on_end`. Without, neither is called, and only the last group
         reads its logs: the others are scheduled ahead as far as the progress slots allow.
-        `should_stop()` is asked after each group is scheduled (groups already scheduled
-        still run).
+        `ahead`, when given, is the number of groups in flight instead (waiting for a group
+        reads none of its logs). `should_stop()` is asked once after each group is scheduled
+        (groups already scheduled still run); `scheduled` then holds the steps scheduled,
+        all of which have run once this returns.
         """
         import tensorflow as tf
 
         bases = self._slot_bases()
         window = self.window if batch_hooks else PROGRESS_SLOTS - 1
+        if ahead is not None:
+            window = max(1, min(ahead, PROGRESS_SLOTS - 1))
+        self.scheduled = 0
         groups = plan_groups(steps, steps_per_execution)
         pending = collections.deque()
         traced: dict = {}
@@ -451,6 +458,7 @@ class _Runner:
                 meta = tf.constant([slot, bases[slot], size], tf.int64)
                 bases[slot] += size
                 pending.append((end, self._schedule(mode, logs, size, iterator, meta, traced)))
+                self.scheduled = end + 1
                 while len(pending) > window:
                     finish()
                 if should_stop():

@@ -67,16 +67,24 @@ def _fit_tf_keras(
     validation = None
     if validation_dataset_fn is not None:
         validation = creator(_repeating("validation_dataset_fn", validation_dataset_fn))
-    return model.fit(
-        creator(_repeating("dataset_fn", dataset_fn)),
-        epochs=epochs,
-        steps_per_epoch=steps_per_epoch,
-        callbacks=callbacks,
-        verbose=_tf_keras_verbose(verbose),
-        validation_data=validation,
-        validation_steps=validation_steps,
-        initial_epoch=initial_epoch,
-    )
+    try:
+        return model.fit(
+            creator(_repeating("dataset_fn", dataset_fn)),
+            epochs=epochs,
+            steps_per_epoch=steps_per_epoch,
+            callbacks=callbacks,
+            verbose=_tf_keras_verbose(verbose),
+            validation_data=validation,
+            validation_steps=validation_steps,
+            initial_epoch=initial_epoch,
+        )
+    except BaseException:
+        # tf_keras calls no on_train_end after an error: a backup callback (see `loop`) then
+        # stops turning SIGTERM into a stop.
+        backup = getattr(model, "_tfdist_backup", None)
+        if backup is not None:
+            backup.close()
+        raise
 
 
 def _evaluate_tf_keras(
