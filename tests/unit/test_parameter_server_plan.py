@@ -150,6 +150,13 @@ def test_a_backup_left_by_another_fit_is_ignored():
     assert _backup_of(model, Callbacks()) is backup
 
 
+def test_tf_keras_resumes_inside_the_epoch_or_at_the_next_one_after_its_last_step():
+    from tfdist.preemption.parameter_server import _Resume
+
+    assert _Resume(1, 10).maybe_load_initial_counters_from_ckpt(40, 0) == (1, 10)
+    assert _Resume(1, 40).maybe_load_initial_counters_from_ckpt(40, 0) == (2, 0)
+
+
 def test_a_fit_that_fails_closes_its_backup():
     from tfdist.parameter_server.loop import _closed_on_error
 

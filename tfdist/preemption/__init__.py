@@ -5,6 +5,8 @@ evictions). With `tfdist.BackupAndRestore` among the callbacks of `model.fit` (o
 a SIGTERM to any task of a job makes every worker stop after the same step, the chief write one
 backup (weights, optimizer, epoch, step in the epoch, position in the input), and every task
 exit with `PREEMPTED_EXIT_CODE`. Started again, the same command resumes at the next step.
+On parameter_server the chief (the coordinator) alone stops, saves and exits on SIGTERM
+(`parameter_server`); the worker and ps tasks end on SIGTERM, as on a kill.
 
 This package's `__init__` imports nothing of TensorFlow: the launcher reads the exit code here.
 """

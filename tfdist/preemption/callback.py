@@ -17,6 +17,9 @@ What it does in a `fit`:
   resume.
 - at the end of training, the chief deletes the backup (`delete_checkpoint`).
 
+On parameter_server the chief, which runs the training loop, does all of this alone
+(`tfdist.preemption.parameter_server`).
+
 The input position is counted in batches drawn from the iterator Keras trains on: Keras makes
 a new iterator at every epoch (one pass over finite data) or keeps one across epochs (with
 `steps_per_epoch` on repeated data); both are followed. Imports TensorFlow and Keras lazily.
@@ -33,6 +36,7 @@ from tfdist import flavour, signals
 from tfdist.preemption import PREEMPTED_EXIT_CODE, Preempted
 from tfdist.preemption.agreement import Agreement
 from tfdist.preemption.backup import BackupStore
+from tfdist.preemption.parameter_server import ParameterServerBackup
 
 __all__ = ["BackupAndRestore"]
 
@@ -108,6 +112,9 @@ class BackupAndRestore:
         save_before_preemption: bool = True,
     ):
         super().__init__()
+        # tf_keras' Callback.__init__ resets it; its fit refuses, on parameter_server, a
+        # callback with batch hooks that does not take the logs as they are (RemoteValues).
+        self._supports_tf_logs = True
         if isinstance(backup_dir, os.PathLike):
             backup_dir = os.fspath(backup_dir)
         if not isinstance(backup_dir, str) or not backup_dir:
@@ -133,6 +140,7 @@ class BackupAndRestore:
         self.delete_checkpoint = bool(delete_checkpoint)
         self.save_before_preemption = bool(save_before_preemption)
         self._agreement: Optional[Agreement] = None
+        self._ps: Optional[ParameterServerBackup] = None  # on parameter_server: does the work
 
     # ------------------------------------------------------------------- Keras hooks
 
@@ -141,12 +149,12 @@ class BackupAndRestore:
             self._close()
         model = self.model
         strategy = model.distribute_strategy
-        if _is_parameter_server(strategy):
-            raise ValueError(
-                "tfdist.BackupAndRestore does not run in Keras' fit on parameter_server. "
-                "HINT: train with tfdist.fit(build_model, ...), which runs parameter-server "
-                "training and takes this callback."
-            )
+        if self._ps is not None:  # a fit of this callback that ended in an error
+            self._ps.close()
+        self._ps = None
+        if _is_parameter_server(strategy):  # the coordinator's loop (tfdist's, or tf_keras')
+            self._ps = ParameterServerBackup(self, model, strategy)
+            return
         self._is_chief, worker, workers, self._task = _role(strategy)
         self._store = BackupStore(self.backup_dir, self._is_chief)
         self._checkpoint = _checkpoint_of(model, strategy)
@@ -167,9 +175,13 @@ class BackupAndRestore:
             self._listening.__enter__()
 
     def on_epoch_begin(self, epoch, logs=None):
+        if self._ps is not None:
+            return self._ps.on_epoch_begin(epoch)
         self._epoch, self._step, self._first_call_of_epoch = epoch, 0, True
 
     def on_train_batch_end(self, batch, logs=None):
+        if self._ps is not None:
+            return self._ps.on_train_batch_end(batch, logs)
         if isinstance(self.save_freq, int):
             self._since_save += 1
             if self._since_save >= self.save_freq:
@@ -178,6 +190,8 @@ class BackupAndRestore:
             self._preempted()
 
     def on_epoch_end(self, epoch, logs=None):
+        if self._ps is not None:
+            return self._ps.on_epoch_end(epoch)
         if self.save_freq == "epoch":
             # The next epoch starts on a new iterator, or (steps_per_epoch over repeated data)
             # on this one: known once one epoch boundary was seen in this fit.
@@ -185,6 +199,8 @@ class BackupAndRestore:
             self._save("epoch", epoch + 1, 0, position)
 
     def on_train_end(self, logs=None):
+        if self._ps is not None:
+            return self._ps.on_train_end()
         self._close()
         if self.delete_checkpoint:
             self._store.delete()
