@@ -9,9 +9,12 @@ model and optimizer; the epoch; the steps of that epoch that ran; `optimizer.ite
 raises `Preempted` (exit code 143). Started again, the job restores the variables onto its ps
 tasks from the coordinator, trains the remaining steps of that epoch, then the next epochs:
 `optimizer.iterations` is the saved count right after the restore, and `epochs *
-steps_per_epoch` at the end. SIGTERM to a worker or a ps keeps its meaning, the process ends
-(tfdist.parameter_server: a lost worker's groups run again on the others, each step applied
-once; a lost ps stops training with a TaskUnavailableError).
+steps_per_epoch` at the end. If the scheduled groups have not run `agreement.STOP_DEADLINE`
+seconds after the SIGTERM, the process ends as SIGTERM would end it, the last backup kept.
+
+SIGTERM to a worker or a ps keeps its meaning, the process ends (tfdist.parameter_server: a
+lost worker's groups run again on the others, each step applied once; a lost ps stops training
+with a TaskUnavailableError).
 
 No position in the input is restored (the state's "position" is None): each worker reads its
 own repeated dataset, asynchronously, so no batch count says where the input stood; each
@@ -23,23 +26,23 @@ so far have run (the workers wait for that save, then go on).
 
 Two loops drive it. tfdist's own (Keras 3: tfdist.parameter_server.loop) through a duck-typed
 protocol (this object, set on the model as `_tfdist_backup` during the fit: `callback`,
-`initial_step()`, `stop_requested()`, `after_groups(epoch, steps_done)`), so that it reads no
-group's logs for the backup. tf_keras' own fit (which runs parameter-server training natively)
-through the callback's hooks: `on_train_batch_end` comes when a group is scheduled, with its
-logs as a RemoteValue that is never fetched.
+`initial_step()`, `stop_requested()`, `after_groups(epoch, steps_done)`, `close()`), so that it
+reads no group's logs for the backup. tf_keras' own fit (which runs parameter-server training
+natively) through the callback's hooks: `on_train_batch_end` comes when a group is scheduled,
+with its logs as a RemoteValue that is never fetched.
 
-Imports TensorFlow lazily; of tfdist: flavour, signals, preemption.
+Imports TensorFlow lazily; of tfdist: flavour, signals, preemption (agreement, backup).
 """
 
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from typing import Optional
 
 from tfdist import flavour, signals
 from tfdist.preemption import PREEMPTED_EXIT_CODE, Preempted
+from tfdist.preemption.agreement import Agreement
 from tfdist.preemption.backup import BackupStore
 
 __all__ = ["ParameterServerBackup"]
@@ -96,14 +99,16 @@ class ParameterServerBackup:
         self._legacy = flavour.uses_legacy_keras()
         self._start_attribute = "_training_state" if self._legacy else "_initial_epoch"
         self._previous_start = getattr(model, self._start_attribute, None)
-        self._signalled = threading.Event()
+        # One process stops: "stop now" at the next boundary, and the deadline from SIGTERM to
+        # the stop (after which the process just ends) of the other strategies.
+        self._agreement = Agreement(0, 1)
         self._listening = None
         self._task = _task(strategy)
         state = self._store.latest()
         if state is not None:
             self._restore(state)
         if callback.save_before_preemption:
-            self._listening = signals.listening(self._notice, self._task)
+            self._listening = signals.listening(self._agreement.notice, self._task)
             self._listening.__enter__()
         # Past Keras' attribute tracking: no checkpoint sees it. tfdist's loop looks for it.
         object.__setattr__(model, "_tfdist_backup", self)
@@ -117,12 +122,12 @@ class ParameterServerBackup:
     def stop_requested(self) -> bool:
         """Asked once after each group is scheduled: True when no more should be, for now."""
         self._groups += 1
-        return self._signalled.is_set() or self._save_due()
+        return self._signalled() or self._save_due()
 
     def after_groups(self, epoch: int, steps_done: int) -> None:
         """Every scheduled group has run, `steps_done` steps of `epoch`: saves when a save is
         due; after a SIGTERM, saves and raises `Preempted`."""
-        if self._signalled.is_set():
+        if self._signalled():
             self._preempted(epoch, steps_done)
         if self._save_due():
             self._save("steps", epoch, steps_done)
@@ -138,7 +143,7 @@ class ParameterServerBackup:
         if not self._legacy:
             return
         coordinator = self.model._cluster_coordinator
-        if not self._signalled.is_set():
+        if not self._signalled():
             self._wait_for_room(coordinator)
         if self.stop_requested():
             coordinator.join()  # raises a group's error
@@ -155,9 +160,6 @@ class ParameterServerBackup:
 
     # --------------------------------------------------------------------- internals
 
-    def _notice(self, signum: int = 15) -> None:
-        self._signalled.set()  # any thread; idempotent
-
     def _wait_for_room(self, coordinator) -> None:
         """Waits until no more than a few groups per worker wait for one (tf_keras' fit
         schedules a whole epoch ahead), so that a stop waits for those only.
@@ -173,8 +175,11 @@ class ParameterServerBackup:
             return
         limit = _IN_FLIGHT_PER_WORKER * self._workers
         with room:
-            while waiting() > limit and not self._signalled.is_set():
+            while waiting() > limit and not self._signalled():
                 room.wait(1.0)
+
+    def _signalled(self) -> bool:
+        return self._agreement.signalled.is_set()
 
     def _save_due(self) -> bool:
         return self._every is not None and self._groups >= self._every
@@ -219,6 +224,7 @@ class ParameterServerBackup:
         )
 
     def _preempted(self, epoch: int, step: int) -> None:
+        self._agreement.reached()  # the scheduled groups have run: the save may take its time
         self._save("preemption", epoch, step)
         _say(
             f"tfdist: SIGTERM to the coordinator ({self._task}): no group of steps was "
@@ -235,6 +241,7 @@ class ParameterServerBackup:
         if self._listening is not None:
             self._listening.__exit__(None, None, None)
             self._listening = None
+        self._agreement.close()
         setattr(self.model, self._start_attribute, self._previous_start)
         if getattr(self.model, "_tfdist_backup", None) is self:
             object.__delattr__(self.model, "_tfdist_backup")
