@@ -104,6 +104,9 @@ SCENARIOS = {
     "multi_worker: restart after a worker is killed": ["cluster/test_launcher_integration.py::"],
     "multi_worker: SIGTERM, exact resume": ["cluster/test_preemption.py::"],
     "multi_worker: elastic, 3 -> 2 -> 3 workers": ["cluster/test_elastic.py::"],
+    "parameter_server: SIGTERM to the chief, exact resume": [
+        "cluster/test_preemption_parameter_server.py::"
+    ],
     "parameter_server: fit with validation and callbacks": [
         "cluster/test_parameter_server_integration.py::test_each_kind_of_keras3_model",
         "cluster/test_parameter_server_integration.py::test_batch_callbacks",

@@ -60,6 +60,22 @@ class BackupStore:
         state["checkpoint"] = _join(self.directory, name)
         return state
 
+    def restore(self, checkpoint, state: dict) -> None:
+        """Reads the backup `state` names into `checkpoint` (a tf.train.Checkpoint).
+
+        Raises:
+            ValueError: the backup was written by another model (a variable of another shape).
+        """
+        try:
+            checkpoint.read(state["checkpoint"]).expect_partial()
+        except Exception as err:  # pylint: disable=broad-except
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            raise ValueError(
+                f"The backup in {self.directory} does not fit this model: "
+                f"{type(err).__name__}: {first} HINT: give a new backup_dir to a changed "
+                "model, or delete the old backup to start from scratch."
+            ) from err
+
     def save(self, checkpoint, state: dict) -> Optional[str]:
         """Writes `checkpoint` (a tf.train.Checkpoint) and `state`; returns the chief's path."""
         import tensorflow as tf

@@ -252,15 +252,7 @@ class BackupAndRestore:
         )
 
     def _restore(self, model, state: dict) -> None:
-        try:
-            self._checkpoint.read(state["checkpoint"]).expect_partial()
-        except Exception as err:  # pylint: disable=broad-except
-            raise ValueError(
-                f"The backup in {self.backup_dir} does not fit this model: "
-                f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err) else ''}"
-                " HINT: give a new backup_dir to a changed model, or delete the old backup to "
-                "start from scratch."
-            ) from err
+        self._store.restore(self._checkpoint, state)
         epoch, step, position = int(state["epoch"]), int(state["step"]), state.get("position")
         _set_initial_epoch(model, epoch)
         # Keras calls the training function `step / steps_per_execution` times before the next

@@ -203,15 +203,7 @@ class ParameterServerBackup:
         )
 
     def _restore(self, state: dict) -> None:
-        try:
-            self._checkpoint.read(state["checkpoint"]).expect_partial()
-        except Exception as err:  # pylint: disable=broad-except
-            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            raise ValueError(
-                f"The backup in {self.backup_dir} does not fit this model: "
-                f"{type(err).__name__}: {first} HINT: give a new backup_dir to a changed "
-                "model, or delete the old backup to start from scratch."
-            ) from err
+        self._store.restore(self._checkpoint, state)
         epoch, step = int(state["epoch"]), int(state["step"])
         self._initial_step = step
         start = _Resume(epoch, step) if self._legacy else epoch
