@@ -89,13 +89,6 @@ def _has_batch_hooks(callbacks, mode: str, driver=None) -> bool:
         else ("on_test_batch_begin", "on_test_batch_end")
     )
 
-    def overridden(callback, name) -> bool:
-        method = getattr(callback, name, None)
-        if method is None or is_default(method):
-            return method is None
-        # Keras < 3.8 marks none of Callback's hooks as default: one not overridden is too.
-        return getattr(method, "__func__", None) is not getattr(keras.callbacks.Callback, name)
-
     for callback in callbacks.callbacks:
         if driver is not None and callback is driver:
             continue
@@ -103,7 +96,7 @@ def _has_batch_hooks(callbacks, mode: str, driver=None) -> bool:
             # It shows batch logs with verbose=1 only, and none while validating in fit.
             if callback.verbose != 1 or (mode == "test" and callback._called_in_fit):
                 continue
-        if any(overridden(callback, name) for name in names):
+        if any(not is_default(getattr(callback, name, None) or (lambda: None)) for name in names):
             return True
     return False
 
