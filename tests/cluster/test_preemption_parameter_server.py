@@ -227,9 +227,14 @@ def test_the_next_chief_resumes_at_the_saved_step_and_ends_at_the_exact_count(jo
 
 
 def test_the_loop_reads_no_group_logs_for_the_backup(jobs):
+    from tfdist import flavour
+
+    # Keras < 3.8 marks none of Callback's empty hooks as default: there History alone makes
+    # the loop read every group's logs, with or without a backup
+    hooks = flavour.keras_version_tuple() < (3, 8)
     for phase in ("first", "second"):
         runs = jobs["runs"]["keras3", phase]["runs"]
-        assert runs and all(r == {"batch_hooks": False, "ahead": IN_FLIGHT} for r in runs), runs
+        assert runs and all(r == {"batch_hooks": hooks, "ahead": IN_FLIGHT} for r in runs), runs
 
 
 @pytest.mark.parametrize("job", ["a", "b"])
