@@ -2,7 +2,8 @@
 
 Reads the JSON files `pytest --scenario-report` wrote (one per pair, see noxfile.py). A cell is
 "pass" when every test of that scenario passed on that pair, "FAIL n/m" when some failed,
-"skip" when all were skipped, and "-" when the pair was not run.
+"skip" when all were skipped, and "-" when the pair was not run, or ran before the scenario
+existed.
 """
 
 import json
@@ -12,6 +13,8 @@ import sys
 
 def _cell(outcomes: dict) -> str:
     values = list(outcomes.values())
+    if not values:
+        return "-"  # the pair ran before this scenario existed
     failed = sum(v == "failed" for v in values)
     if failed:
         return f"FAIL {failed}/{len(values)}"
@@ -40,7 +43,9 @@ def render(results_dir, pairs) -> str:
             passed.append("-")
             continue
         cells = [_cell(runs[p].get(name, {})) for name in scenarios]
-        passed.append(f"{sum(c == 'pass' for c in cells)}/{len(scenarios)}")
+        ran = sum(c != "-" for c in cells)
+        note = f" ({len(scenarios) - ran} not run)" if ran < len(scenarios) else ""
+        passed.append(f"{sum(c == 'pass' for c in cells)}/{ran}{note}")
     lines.append("| **scenarios passing** | " + " | ".join(passed) + " |")
     minutes = [f"{runs[p].get('_seconds', 0) / 60:.1f} min" if p in runs else "-" for p in pairs]
     lines.append("| run time | " + " | ".join(minutes) + " |")
