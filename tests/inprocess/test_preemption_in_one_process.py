@@ -127,3 +127,28 @@ def test_a_fit_that_fails_in_a_step_leaves_sigterm_as_it_was(tmp_path, virtual_c
         model.fit(data, verbose=0, callbacks=[tfdist.BackupAndRestore(str(tmp_path / "b"))])
     assert signals._LISTENERS == []  # SIGTERM ends the process again
     assert getattr(model.train_function, "__self__", None) is None  # Keras' own function
+
+
+def test_steps_skipped_on_resume_are_not_counted_for_save_freq(tmp_path, virtual_cpus):
+    """A save among the skipped steps would pair the restored weights with an earlier step."""
+    import tensorflow as tf
+
+    keras = tfdist.flavour.keras()
+    x = np.arange(64 * 4, dtype="float32").reshape(64, 4) / 256
+    data = tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1, keepdims=True))).batch(8)
+    backup = str(tmp_path / "backup")
+
+    def fit(epochs):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        callback = tfdist.BackupAndRestore(backup, save_freq=3, delete_checkpoint=False)
+        model.fit(data, epochs=epochs, verbose=0, callbacks=[callback])
+        with open(os.path.join(backup, STATE_FILE)) as f:
+            return json.load(f)
+
+    # a first run stops after epoch 1 of 8 steps: its last save was after step 6
+    assert fit(1)["step"] == 6
+    # resumed at step 7 (6 skipped), the next saves come after 3 trained steps: 9, 12, 15
+    state = fit(2)
+    assert (state["epoch"], state["step"], state["iterations"]) == (1, 7, 15)
+    assert state["saves"] == 2 + 3  # 2 in the first run, 3 after the resume

@@ -161,7 +161,7 @@ class BackupAndRestore:
         self._steps_per_execution = _steps_per_execution(model)
         self._epoch, self._step, self._calls, self._since_save = 0, 0, 0, 0
         self._iterator, self._position, self._persistent = None, 0, None
-        self._skip_steps, self._skip_batches = 0, 0
+        self._skip_steps, self._skip_batches, self._skipped = 0, 0, False
         self._first_call_of_epoch = True
         self._previous_initial = _initial_epoch(model)
         state = self._store.latest()
@@ -182,7 +182,9 @@ class BackupAndRestore:
     def on_train_batch_end(self, batch, logs=None):
         if self._ps is not None:
             return self._ps.on_train_batch_end(batch, logs)
-        if isinstance(self.save_freq, int):
+        if isinstance(self.save_freq, int) and not self._skipped:
+            # steps skipped on resume are not trained: a save among them would pair the
+            # restored weights with an earlier step
             self._since_save += 1
             if self._since_save >= self.save_freq:
                 self._save("steps", self._epoch, self._step, self._position)
@@ -223,7 +225,8 @@ class BackupAndRestore:
         self._calls += 1
         self._step += self._steps_per_execution
         self._position += self._steps_per_execution
-        if self._skip_steps > 0:  # steps of this epoch trained before the interruption
+        self._skipped = self._skip_steps > 0
+        if self._skipped:  # steps of this epoch trained before the interruption
             self._skip_steps -= 1
             for _ in range(self._steps_per_execution):
                 next(iterator)
