@@ -111,6 +111,8 @@ _WATCHDOG: List[Watchdog] = []
 
 
 def _on_sigterm(signum: int) -> None:
+    if signal.getsignal(signal.SIGTERM) is not _handler:
+        return  # the program installed its own handler since: it decides
     with _LOCK:
         listeners = list(_LISTENERS)
     if listeners:
@@ -135,13 +137,15 @@ def take_sigterm(task: Optional[str] = None) -> bool:
     """
     if threading.current_thread() is not threading.main_thread():
         return False
-    if _TAKEN:
+    current = signal.getsignal(signal.SIGTERM)
+    if current is _handler:
         return True
-    if not is_default(signal.getsignal(signal.SIGTERM)):
-        return False  # the program's own handler: respected
+    if not is_default(current):
+        return False  # the program's own handler (installed before or since): respected
     signal.signal(signal.SIGTERM, _handler)  # sigaction: replaces TensorFlow's C++ handler
-    _TAKEN.append(task or "of this process")
-    _WATCHDOG.append(Watchdog([signal.SIGTERM], _on_sigterm))
+    if not _TAKEN:
+        _TAKEN.append(task or "of this process")
+        _WATCHDOG.append(Watchdog([signal.SIGTERM], _on_sigterm))
     return True
 
 

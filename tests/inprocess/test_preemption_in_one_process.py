@@ -152,3 +152,22 @@ def test_steps_skipped_on_resume_are_not_counted_for_save_freq(tmp_path, virtual
     state = fit(2)
     assert (state["epoch"], state["step"], state["iterations"]) == (1, 7, 15)
     assert state["saves"] == 2 + 3  # 2 in the first run, 3 after the resume
+
+
+def test_a_program_with_its_own_sigterm_handler_is_told_there_is_no_save(tmp_path, virtual_cpus):
+    import signal
+
+    keras = tfdist.flavour.keras()
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        with pytest.warns(RuntimeWarning, match="SIGTERM handler of its own"):
+            model.fit(
+                np.zeros((8, 4)),
+                np.zeros((8, 1)),
+                verbose=0,
+                callbacks=[tfdist.BackupAndRestore(str(tmp_path / "b"))],
+            )
+    finally:
+        signal.signal(signal.SIGTERM, previous)

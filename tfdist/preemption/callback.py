@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from typing import Optional
 
 from tfdist import flavour, signals
@@ -172,7 +173,14 @@ class BackupAndRestore:
         if self.save_before_preemption:
             self._agreement = Agreement(worker, workers)
             self._listening = signals.listening(self._agreement.notice, self._task)
-            self._listening.__enter__()
+            if not self._listening.__enter__():
+                warnings.warn(
+                    "tfdist.BackupAndRestore(save_before_preemption=True) cannot save before a "
+                    "preemption: this program installed a SIGTERM handler of its own, which "
+                    "tfdist leaves in place. HINT: remove that handler, or save from it.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
 
     def on_epoch_begin(self, epoch, logs=None):
         if self._ps is not None:
