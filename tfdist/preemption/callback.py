@@ -28,7 +28,6 @@ a new iterator at every epoch (one pass over finite data) or keeps one across ep
 from __future__ import annotations
 
 import os
-import sys
 import time
 import warnings
 from typing import Optional
@@ -37,7 +36,7 @@ from tfdist import flavour, signals
 from tfdist.preemption import PREEMPTED_EXIT_CODE, Preempted
 from tfdist.preemption.agreement import Agreement
 from tfdist.preemption.backup import BackupStore
-from tfdist.preemption.parameter_server import ParameterServerBackup
+from tfdist.preemption.parameter_server import ParameterServerBackup, _Resume, _say
 
 __all__ = ["BackupAndRestore"]
 
@@ -66,16 +65,6 @@ def _is_parameter_server(strategy) -> bool:
     import tensorflow as tf
 
     return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
-
-
-class _Resume:
-    """tf_keras asks `model._training_state` where to start, after `on_train_begin`."""
-
-    def __init__(self, epoch: int):
-        self.epoch = epoch
-
-    def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch, mode=None):
-        return self.epoch, 0
 
 
 class BackupAndRestore:
@@ -307,11 +296,6 @@ class BackupAndRestore:
             self._agreement = None
 
 
-def _say(message: str) -> None:
-    sys.stderr.write(message + "\n")
-    sys.stderr.flush()
-
-
 def _checkpoint_of(model, strategy):
     import tensorflow as tf
 
@@ -347,7 +331,7 @@ def _set_initial_epoch(model, value, restoring: bool = False) -> None:
     """Where Keras' fit starts: Keras 3 reads `model._initial_epoch`, tf_keras asks
     `model._training_state`, both after on_train_begin."""
     if flavour.uses_legacy_keras():
-        model._training_state = value if restoring else _Resume(value)
+        model._training_state = value if restoring else _Resume(value, 0)
     else:
         model._initial_epoch = value
 

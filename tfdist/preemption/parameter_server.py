@@ -53,7 +53,8 @@ _IN_FLIGHT_PER_WORKER = 4
 
 
 class _Resume:
-    """Where tf_keras' fit starts (it asks `model._training_state` after on_train_begin)."""
+    """Where tf_keras' fit starts (it asks `model._training_state` after on_train_begin), on
+    every strategy."""
 
     def __init__(self, epoch: int, step: int):
         self.epoch, self.step = epoch, step

@@ -25,6 +25,40 @@ import numpy as np
 import tfdist
 
 
+def problem(keras, tf, batch=8):
+    """The data (96 examples in a fixed order, batched) and `build()`, a compiled model with
+    fixed initial weights: the same in every task and every run."""
+    rng = np.random.RandomState(0)
+    x = rng.rand(96, 4).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [3.0], [0.5]]) + 0.1 * rng.rand(96, 1)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+    kernel0 = rng.uniform(-0.5, 0.5, (4, 8)).astype("float32")
+    kernel1 = rng.uniform(-0.5, 0.5, (8, 1)).astype("float32")
+
+    def build():
+        model = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
+        )
+        model.set_weights([kernel0, np.zeros(8, "float32"), kernel1, np.zeros(1, "float32")])
+        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.5), loss="mse")
+        return model
+
+    return data, build
+
+
+def write_result(path, model, trained):
+    """The weights, `iterations` and the number of steps this run trained, as JSON."""
+    with open(path, "w") as f:
+        json.dump(
+            {
+                "weights": [w.tolist() for w in model.get_weights()],
+                "iterations": int(model.optimizer.iterations.numpy()),
+                "trained": len(trained),
+            },
+            f,
+        )
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -48,22 +82,9 @@ def main():
 
     keras = flavour.keras()
     task = tfdist.detect_cluster().task or "single"
-    rng = np.random.RandomState(0)
-    x = rng.rand(96, 4).astype("float32")
-    y = (x @ np.array([[1.0], [-2.0], [3.0], [0.5]]) + 0.1 * rng.rand(96, 1)).astype("float32")
-    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch)
+    data, build = problem(keras, tf, args.batch)
     if args.steps_per_epoch:
         data = data.repeat()
-    kernel0 = rng.uniform(-0.5, 0.5, (4, 8)).astype("float32")
-    kernel1 = rng.uniform(-0.5, 0.5, (8, 1)).astype("float32")
-
-    def build():
-        model = keras.Sequential(
-            [keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
-        )
-        model.set_weights([kernel0, np.zeros(8, "float32"), kernel1, np.zeros(1, "float32")])
-        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.5), loss="mse")
-        return model
 
     marker = os.path.join(args.out, "signalled")
     trained = []
@@ -110,15 +131,7 @@ def main():
             callbacks=callbacks,
             verbose=0,
         ).model
-    with open(os.path.join(args.out, task.replace(":", "-") + ".json"), "w") as f:
-        json.dump(
-            {
-                "weights": [w.tolist() for w in model.get_weights()],
-                "iterations": int(model.optimizer.iterations.numpy()),
-                "trained": len(trained),
-            },
-            f,
-        )
+    write_result(os.path.join(args.out, task.replace(":", "-") + ".json"), model, trained)
 
 
 if __name__ == "__main__":

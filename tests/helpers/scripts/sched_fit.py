@@ -23,7 +23,7 @@ import json
 import os
 import time
 
-import numpy as np
+from preempt_fit import problem, write_result  # this directory is on sys.path
 
 import tfdist
 
@@ -47,18 +47,9 @@ def main():
     keras = flavour.keras()
     task = tfdist.detect_cluster().task or "single"
     name = task.replace(":", "-")
-    rng = np.random.RandomState(0)
-    x = rng.rand(96, 4).astype("float32")
-    y = (x @ np.array([[1.0], [-2.0], [3.0], [0.5]]) + 0.1 * rng.rand(96, 1)).astype("float32")
-    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
-    kernel0 = rng.uniform(-0.5, 0.5, (4, 8)).astype("float32")
-    kernel1 = rng.uniform(-0.5, 0.5, (8, 1)).astype("float32")
+    data, build = problem(keras, tf)
     with strategy.scope():
-        model = keras.Sequential(
-            [keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
-        )
-        model.set_weights([kernel0, np.zeros(8, "float32"), kernel1, np.zeros(1, "float32")])
-        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.5), loss="mse")
+        model = build()
 
     trained = []
 
@@ -87,15 +78,7 @@ def main():
         callbacks=[tfdist.BackupAndRestore(args.backup_dir), Slow()],
         verbose=0,
     )
-    with open(os.path.join(args.model_dir, name + ".json"), "w") as f:
-        json.dump(
-            {
-                "weights": [w.tolist() for w in model.get_weights()],
-                "iterations": int(model.optimizer.iterations.numpy()),
-                "trained": len(trained),
-            },
-            f,
-        )
+    write_result(os.path.join(args.model_dir, name + ".json"), model, trained)
 
 
 if __name__ == "__main__":
