@@ -13,6 +13,7 @@ devices and collectives can still be configured after it.
 """
 
 from tfdist.cluster import ClusterConfigError, ClusterSpec, detect_cluster
+from tfdist.keras_distribution import hook as _keras_distribution_hook
 
 __version__ = "0.1.0"
 
@@ -54,3 +55,8 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(__all__)
+
+
+# Keras 3's keras.distribution runs on tf.distribute once Keras is imported (TensorFlow
+# backend); nothing is imported here.
+_keras_distribution_hook.watch()

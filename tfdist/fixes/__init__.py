@@ -7,7 +7,15 @@ fix is; `registry` holds them all and applies them. `tfdist.make_strategy` calls
 """
 
 from tfdist.fixes.record import CompatibilityWarning, Fix, FixStatus, Internal, Target
-from tfdist.fixes.registry import FIXES, applied, apply_fixes, fixes_enabled, report, turned_off
+from tfdist.fixes.registry import (
+    FIXES,
+    applied,
+    apply_fixes,
+    fixes_enabled,
+    register,
+    report,
+    turned_off,
+)
 
 __all__ = [
     "FIXES",
@@ -19,6 +27,7 @@ __all__ = [
     "applied",
     "apply_fixes",
     "fixes_enabled",
+    "register",
     "report",
     "turned_off",
 ]

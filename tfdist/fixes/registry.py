@@ -37,6 +37,21 @@ FIXES = {
 
 _STATUS: dict = {}  # name -> FixStatus, once a fix was considered in this process
 
+# Records of other areas of tfdist that patch Keras the same way but are applied by their own
+# entry point, not by make_strategy (tfdist.keras_distribution): name -> Fix, once registered.
+REGISTERED: dict = {}
+
+
+def register(records) -> None:
+    """Makes `records` (Fix) known to `report()` and TFDIST_KERAS_FIXES, without applying them.
+
+    For an area that applies its records itself, with `apply_fixes(records)`.
+    """
+    for fix in records:
+        if fix.name in FIXES:
+            raise ValueError(f"fix {fix.name!r} is already in FIXES")
+        REGISTERED[fix.name] = fix
+
 
 def fixes_enabled(env: Optional[Mapping[str, str]] = None) -> bool:
     """False when TFDIST_KERAS_FIXES turns every fix off ("0", "false", "no" or "off")."""
@@ -46,11 +61,12 @@ def fixes_enabled(env: Optional[Mapping[str, str]] = None) -> bool:
 def turned_off(env: Optional[Mapping[str, str]] = None) -> set:
     """Fixes named "-name" in TFDIST_KERAS_FIXES (e.g. "-no_xla_step_across_replicas")."""
     names = set(settings.KERAS_FIXES.get(env).turned_off)
-    unknown = names - set(FIXES)
+    known = {**FIXES, **REGISTERED}
+    unknown = names - set(known)
     if unknown:
         raise ValueError(
             f"{settings.KERAS_FIXES.name} names unknown fix(es) {sorted(unknown)}. Known: "
-            f"{', '.join(FIXES)}."
+            f"{', '.join(known)}."
         )
     return names
 
@@ -83,7 +99,7 @@ def report() -> list:
     version = flavour.keras_version_tuple()
     skip = turned_off()
     statuses = []
-    for name, fix in FIXES.items():
+    for name, fix in {**FIXES, **REGISTERED}.items():
         status = _STATUS.get(name) or _status(fix, version, skip)[0]
         if name not in _STATUS and status.state == APPLIED:  # not yet: make_strategy applies it
             status = FixStatus(name, APPLIES, status.reason)
@@ -103,20 +119,25 @@ def _where(fix: Fix) -> str:
     return f"Keras {flavour.keras_version()}"
 
 
-def apply_fixes() -> list:
+def apply_fixes(records=None) -> list:
     """Applies every fix that this Keras needs and whose targets match, once per process.
+
+    Args:
+        records: iterable of Fix. Defaults to FIXES (what make_strategy applies); an area with
+            its own entry point passes its registered records.
 
     Returns the names of the fixes applied so far. Never raises for a missing or changed
     target: that fix is skipped with one CompatibilityWarning.
     """
+    records = {fix.name: fix for fix in (FIXES.values() if records is None else records)}
     skip = turned_off()
-    if all(name in _STATUS or name in skip for name in FIXES):
+    if all(name in _STATUS or name in skip for name in records):
         return applied()  # every fix decided already (custom-loop helpers call this each step)
     import tensorflow as tf
 
     releases.warn_if_untested(tf.__version__, flavour.keras_version(), flavour.keras_flavour())
     version = flavour.keras_version_tuple()
-    for name, fix in FIXES.items():
+    for name, fix in records.items():
         if name in _STATUS:
             continue
         status, variant = _status(fix, version, skip)

@@ -46,6 +46,7 @@ from typing import Callable, List, Mapping, Optional, Sequence, TextIO
 from tfdist import netns, settings
 from tfdist import training_report as _report
 from tfdist.cluster import ClusterSpec
+from tfdist.launcher import site
 from tfdist.launcher.noise import NoiseFilter
 from tfdist.launcher.outcome import GRACE_SECONDS, JobResult, TaskResult, classify
 from tfdist.preemption import PREEMPTED_EXIT_CODE
@@ -116,6 +117,10 @@ def plan_job(
         env = {
             "TF_CONFIG": cluster.to_json(job, index),
             "PYTHONUNBUFFERED": "1",
+            # tfdist/launcher/site/sitecustomize.py: an unmodified script gets `import tfdist`
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, (site.FOLDER, os.environ.get("PYTHONPATH")))
+            ),
             settings.TASK.name: f"{job}:{index}",
         }
         env.update(extra_env or {})
