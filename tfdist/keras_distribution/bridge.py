@@ -22,7 +22,13 @@ from typing import Optional
 from tfdist.keras_distribution import devices as keras_devices
 from tfdist.keras_distribution import plans, processes
 
-__all__ = ["activate", "distribute_dataset", "row_sharded_value", "shard_devices_for"]
+__all__ = [
+    "activate",
+    "distribute_dataset",
+    "row_sharded_value",
+    "shard_devices_for",
+    "strategy_to_compile_under",
+]
 
 _LOCK = threading.RLock()
 _STRATEGIES: dict = {}  # replica devices -> MirroredStrategy, once per process
@@ -78,6 +84,18 @@ def activate(distribution) -> None:
         if strategy is not ours:
             tf.distribute.experimental_set_strategy(strategy)
         _CURRENT.update(distribution=distribution, plan=plan, strategy=strategy)
+
+
+def strategy_to_compile_under(model):
+    """The strategy `model` was built under by a Keras distribution, when no strategy is
+    current now (else None: compile as Keras does)."""
+    import tensorflow as tf
+
+    strategy = getattr(model, "_distribute_strategy", None)
+    if strategy is None or tf.distribute.has_strategy():
+        return None
+    made_here = any(strategy is s for s in _STRATEGIES.values())
+    return strategy if made_here or strategy is processes.strategy() else None
 
 
 def _plan_of(distribution) -> Optional[plans.Plan]:
@@ -143,7 +161,13 @@ def row_sharded_value(variable, value, devices):
     if callable(value):
         value = value()
     full = tf.convert_to_tensor(value, dtype=variable.dtype)
-    rows, count = int(full.shape[0]), len(devices)
+    rows, count = (int(full.shape[0]) if full.shape.rank else 0), len(devices)
+    if rows < count:
+        raise ValueError(
+            f"Variable {variable.path!r} of shape {tuple(full.shape)} is laid out by rows over "
+            f"{count} devices, but has {rows} row(s). HINT: shard only variables with at least "
+            "one row per device (change the LayoutMap key so it does not match this one)."
+        )
     sizes = [rows // count + (1 if i < rows % count else 0) for i in range(count)]
     shards = []
     for i, (part, device) in enumerate(zip(tf.split(full, sizes, axis=0), devices)):

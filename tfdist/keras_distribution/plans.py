@@ -195,21 +195,16 @@ def plan_for(distribution) -> Optional[Plan]:
 
 
 def row_sharding(distribution, plan: Plan, variable) -> Optional[Tuple[str, ...]]:
-    """The Keras devices `variable`'s row shards go to under `plan`, or None (not sharded)."""
+    """The Keras devices `variable`'s row shards go to under `plan`, or None (not sharded).
+
+    Reads the layout map by the variable's path (its shape is not known yet while Keras
+    creates it).
+    """
     if plan is None or not plan.row_sharded:
         return None
-    layout = distribution.get_variable_layout(variable)
+    layout = getattr(variable, "_layout", None) or distribution._layout_map[variable.path]
     axes = tuple(getattr(layout, "axes", ()) or ())
     if not axes or axes[0] is None:
         return None
     devices = dict(plan.shard_devices).get(axes[0])
-    if devices is None or len(devices) < 2:
-        return None
-    rows = variable.shape[0] if len(variable.shape) else 0
-    if rows < len(devices):
-        raise ValueError(
-            f"Variable {variable.path!r} of shape {tuple(variable.shape)} has {rows} rows, fewer "
-            f"than the {len(devices)} devices of mesh axis {axes[0]!r} it is sharded over. "
-            "HINT: shard only variables with at least one row per device."
-        )
-    return devices
+    return devices if devices is not None and len(devices) > 1 else None

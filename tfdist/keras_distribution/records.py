@@ -95,6 +95,7 @@ STRATEGY = Fix(
         f"{_LIB}:set_distribution",
         f"{_LIB}:GLOBAL_ATTRIBUTE_NAME",
         "tensorflow.python.framework.ops:Graph",
+        Target("keras.src.trainers.trainer:Trainer.compile", ("self", "optimizer")),
     ],
 )
 def _install_strategy():
@@ -120,6 +121,23 @@ def _install_strategy():
 
     set_global_attribute._tfdist = True
     global_state.set_global_attribute = set_global_attribute
+
+    # Keras 3 makes a model's optimizer under the strategy current at compile(); on JAX a
+    # model built under a distribution compiles anywhere. So compile() of a model built under
+    # a distribution, called while no strategy is current, runs under the model's strategy.
+    from keras.src.trainers.trainer import Trainer
+
+    compile_upstream = Trainer.compile
+
+    def compile(self, *args, **kwargs):
+        strategy = bridge.strategy_to_compile_under(self)
+        if strategy is None:
+            return compile_upstream(self, *args, **kwargs)
+        with strategy.scope():
+            return compile_upstream(self, *args, **kwargs)
+
+    compile.__doc__ = compile_upstream.__doc__
+    Trainer.compile = compile
 
 
 DATASET = Fix(
