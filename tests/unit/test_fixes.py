@@ -15,9 +15,15 @@ from tfdist.fixes.record import APPLIED, NOT_NEEDED, Fix, Internal, Target
 # ----------------------------------------------------------------------- tier 1: records
 
 
+def _records():
+    from tfdist.keras_distribution.records import RECORDS
+
+    return {**fixes.FIXES, **{record.name: record for record in RECORDS}}
+
+
 def test_every_fix_is_a_complete_record():
     assert len(fixes.FIXES) >= 13
-    for name, fix in fixes.FIXES.items():
+    for name, fix in _records().items():
         assert name == fix.name and re.fullmatch(r"[a-z0-9_]+", name)
         assert fix.summary and fix.consequence and fix.upstream, name
         assert fix.strategies and set(fix.strategies) <= {
@@ -33,7 +39,7 @@ def test_every_fix_is_a_complete_record():
 
 
 def test_variants_of_a_fix_do_not_overlap():
-    for fix in fixes.FIXES.values():
+    for fix in _records().values():
         ordered = sorted(fix.variants, key=lambda v: v.since)
         for earlier, later in zip(ordered, ordered[1:]):
             assert earlier.until is not None and earlier.until <= later.since, fix.name
