@@ -151,6 +151,10 @@ SCENARIOS = {
         "cluster/test_precision_jobs.py::test_tf_keras_flavour_in_a_subprocess",
     ],
     "data: every example exactly once": ["cluster/test_data_integration.py::"],
+    "keras.distribution: DataParallel, row-sharded ModelParallel": [
+        "inprocess/test_keras_distribution.py::",
+        "cluster/test_keras_distribution_jobs.py::",
+    ],
 }
 
 
