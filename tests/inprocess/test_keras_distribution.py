@@ -306,3 +306,14 @@ def test_layouts_tensorflow_cannot_shard_are_refused_with_the_alternatives(layou
         distribution_lib.set_distribution(_model_parallel(layouts, shape, devices))
     assert "parameter_server" in str(raised.value)
     assert distribution_lib.distribution() is None
+
+
+def test_a_model_built_before_the_distribution_is_refused_not_trained_on_one_device():
+    x, y = _data()
+    model = _mlp()
+    model.compile(optimizer="sgd", loss="mse")
+    distribution_lib.set_distribution(distribution_lib.DataParallel(devices=["cpu:0", "cpu:1"]))
+    with pytest.raises(ValueError, match="'sequential.*' was built before .*set_distribution"):
+        model.fit(x, y, batch_size=16, verbose=0)
+    distribution_lib.set_distribution(None)
+    model.fit(x, y, batch_size=16, verbose=0)  # on one device, as it was built

@@ -24,6 +24,7 @@ from tfdist.keras_distribution import plans, processes
 
 __all__ = [
     "activate",
+    "check_built_under_the_distribution",
     "distribute_dataset",
     "row_sharded_value",
     "shard_devices_for",
@@ -96,6 +97,27 @@ def strategy_to_compile_under(model):
         return None
     made_here = any(strategy is s for s in _STRATEGIES.values())
     return strategy if made_here or strategy is processes.strategy() else None
+
+
+def check_built_under_the_distribution(model) -> None:
+    """Raises when `model`, built with no strategy, is about to run under a distribution's.
+
+    Raises:
+        ValueError: the distribution was set after the model was built.
+    """
+    import tensorflow as tf
+
+    if not tf.distribute.has_strategy() or not getattr(model, "variables", None):
+        return
+    current = tf.distribute.get_strategy()
+    if current is _CURRENT["strategy"] and current is not None:
+        raise ValueError(
+            f"Model {model.name!r} was built before keras.distribution.set_distribution("
+            f"{_CURRENT['distribution']!r}): its variables are on one device, and setting a "
+            "distribution does not move them. HINT: set the distribution (or enter "
+            "distribution.scope()) before building the model, as on JAX; or train this model "
+            "on one device after keras.distribution.set_distribution(None)."
+        )
 
 
 def _plan_of(distribution) -> Optional[plans.Plan]:

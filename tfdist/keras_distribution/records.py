@@ -96,6 +96,7 @@ STRATEGY = Fix(
         f"{_LIB}:GLOBAL_ATTRIBUTE_NAME",
         "tensorflow.python.framework.ops:Graph",
         Target("keras.src.trainers.trainer:Trainer.compile", ("self", "optimizer")),
+        Target("keras.src.backend.tensorflow.trainer:TensorFlowTrainer.distribute_strategy"),
     ],
 )
 def _install_strategy():
@@ -138,6 +139,22 @@ def _install_strategy():
 
     compile.__doc__ = compile_upstream.__doc__
     Trainer.compile = compile
+
+    # A model built before the distribution was set has its variables on one device; Keras
+    # would train it under the distribution's strategy (TensorFlowTrainer.distribute_strategy
+    # falls back to the current one) and fail deep in the optimizer. Say what happened instead.
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    prop = TensorFlowTrainer.__dict__["distribute_strategy"]
+
+    def distribute_strategy(self):
+        if getattr(self, "_distribute_strategy", None) is None:
+            bridge.check_built_under_the_distribution(self)
+        return prop.fget(self)
+
+    TensorFlowTrainer.distribute_strategy = property(
+        distribute_strategy, prop.fset, prop.fdel, prop.__doc__
+    )
 
 
 DATASET = Fix(
