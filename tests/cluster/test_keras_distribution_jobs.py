@@ -1,12 +1,12 @@
 """The keras.io guide's DataParallel code, unmodified, on TensorFlow through tfdist: on 2
-logical CPUs in one process, as a 2-process job started by `tfdist launch` (the script never
-imports tfdist: the launcher's start-up hook does), and as 2 processes joined by
-`keras.distribution.initialize(job_addresses=..., process_id=...)` (and its environment-variable
-form). Each reaches the weights of one-device training with the same global batch.
+logical CPUs in one process; as a 2-process job started by `tfdist launch` (the script never
+imports tfdist: the launcher's start-up hook does); as 2 processes joined by
+`keras.distribution.initialize(job_addresses=..., process_id=...)` and its environment-variable
+form; and as a 2-task SLURM step (its variables faked; the script never calls initialize()).
+Each reaches the weights of one-device training with the same global batch.
 
 Each record of tfdist.keras_distribution is removed once (TFDIST_KERAS_FIXES=-name) to show
-the upstream behaviour it fixes. In-process cases: tests/inprocess/test_keras_distribution.py.
-"""
+the upstream behaviour it fixes. In-process cases: tests/inprocess/test_keras_distribution.py."""
 
 import concurrent.futures
 import io
@@ -23,6 +23,7 @@ from tfdist.cluster.spec import free_ports
 from tfdist.launcher import launch
 
 from helpers.paths import EXAMPLES, SCRIPTS, TESTS
+from helpers.scheduler import two_consecutive_free_ports
 
 if flavour.uses_legacy_keras():
     pytest.skip("tf_keras has no keras.distribution", allow_module_level=True)
@@ -62,19 +63,16 @@ def _job(out, without=None):
     return (0 if all(c == 0 for c in codes.values()) else 1), output.getvalue()
 
 
-def _explicit(out):
-    """Two processes joined by initialize(): process 0 by arguments, process 1 by variables."""
-    addresses = ",".join(f"localhost:{port}" for port in free_ports(2))
+def _two_processes(out, options, environments):
     procs = [
         subprocess.Popen(
-            [sys.executable, HARNESS, GUIDE, str(out), "--import-tfdist", "--initialize"]
-            + [addresses, process],
+            [sys.executable, HARNESS, GUIDE, str(out), "--import-tfdist", *option],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=_env(),
+            env=dict(_env(), **environment),
         )
-        for process in ("0", "env")
+        for option, environment in zip(options, environments)
     ]
     outputs = []
     for proc in procs:
@@ -86,6 +84,34 @@ def _explicit(out):
     return (max(p.returncode for p in procs) != 0), "\n".join(outputs)
 
 
+def _explicit(out):
+    """Two processes joined by initialize(): process 0 by arguments, process 1 by variables."""
+    addresses = ",".join(f"localhost:{port}" for port in free_ports(2))
+    options = [("--initialize", addresses, "0"), ("--initialize", addresses, "env")]
+    return _two_processes(out, options, [{}, {}])
+
+
+def _slurm(out):
+    """A 2-task srun step (its variables faked): the script never calls initialize()."""
+    port = two_consecutive_free_ports()
+    environments = [
+        {
+            "SLURM_JOB_ID": "4242",
+            "SLURM_STEP_ID": "0",
+            "SLURM_PROCID": str(rank),
+            "SLURM_LOCALID": str(rank),
+            "SLURM_NODEID": "0",
+            "SLURM_STEP_NUM_TASKS": "2",
+            "SLURM_STEP_NUM_NODES": "1",
+            "SLURM_STEP_NODELIST": "localhost",
+            "SLURM_STEP_TASKS_PER_NODE": "2",
+            "TFDIST_SLURM_PORT": str(port),
+        }
+        for rank in range(2)
+    ]
+    return _two_processes(out, [(), ()], environments)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("keras_distribution")
@@ -95,6 +121,7 @@ def runs(tmp_path_factory):
         "two_cpus": (_process, ("--cpus", "2"), {}),
         "two_processes": (_job, (), {}),
         "initialize": (_explicit, (), {}),
+        "slurm": (_slurm, (), {}),
         "no_dataset_fix": (_job, (), {"without": "keras_distribution_dataset"}),
         "no_backend_fix": (_job, (), {"without": "keras_distribution_backend"}),
     }
@@ -151,6 +178,14 @@ def test_initialize_with_job_addresses_or_variables_joins_two_processes(runs):
     expected = _result(runs, "reference")[1]
     for process in (0, 1):
         facts, weights = _result(runs, "initialize", process)
+        assert (facts["replicas"], facts["processes"]) == (2, 2)
+        _same(weights, expected)
+
+
+def test_a_slurm_step_is_joined_without_initialize(runs):
+    expected = _result(runs, "reference")[1]
+    for process in (0, 1):
+        facts, weights = _result(runs, "slurm", process)
         assert (facts["replicas"], facts["processes"]) == (2, 2)
         _same(weights, expected)
 
