@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tfdist.launcher import site
+from tfdist.launcher import startup
 
 CHECK = """
 import sys
@@ -51,5 +51,5 @@ def test_the_launchers_start_up_hook_imports_tfdist_and_chains_to_the_environmen
         "import os, sys; print('tfdist:', 'tfdist' in sys.modules, 'theirs:', "
         "os.environ.get('THEIRS'), 'tensorflow:', 'tensorflow' in sys.modules)"
     )
-    out = _python(code, PYTHONPATH=os.pathsep.join([site.FOLDER, str(tmp_path)]))
+    out = _python(code, PYTHONPATH=os.pathsep.join([startup.FOLDER, str(tmp_path)]))
     assert out.strip() == "tfdist: True theirs: ran tensorflow: False"

@@ -46,7 +46,7 @@ from typing import Callable, List, Mapping, Optional, Sequence, TextIO
 from tfdist import netns, settings
 from tfdist import training_report as _report
 from tfdist.cluster import ClusterSpec
-from tfdist.launcher import site
+from tfdist.launcher import startup
 from tfdist.launcher.noise import NoiseFilter
 from tfdist.launcher.outcome import GRACE_SECONDS, JobResult, TaskResult, classify
 from tfdist.preemption import PREEMPTED_EXIT_CODE
@@ -117,9 +117,9 @@ def plan_job(
         env = {
             "TF_CONFIG": cluster.to_json(job, index),
             "PYTHONUNBUFFERED": "1",
-            # tfdist/launcher/site/sitecustomize.py: an unmodified script gets `import tfdist`
+            # tfdist/launcher/startup/sitecustomize.py: an unmodified script gets `import tfdist`
             "PYTHONPATH": os.pathsep.join(
-                filter(None, (site.FOLDER, os.environ.get("PYTHONPATH")))
+                filter(None, (startup.FOLDER, os.environ.get("PYTHONPATH")))
             ),
             settings.TASK.name: f"{job}:{index}",
         }
