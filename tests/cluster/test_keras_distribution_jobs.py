@@ -53,12 +53,12 @@ def _process(out, *options, without=None):
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def _job(out, without=None):
+def _job(out, without=None, script=GUIDE):
     """`tfdist launch --workers 2` of the harness, which itself does not import tfdist."""
     output = io.StringIO()
     extra = dict(QUIET, TFDIST_KERAS_FIXES=f"-{without}" if without else "")
     codes = launch(
-        HARNESS, [GUIDE, str(out)], workers=2, out=output, timeout=TIMEOUT, extra_env=extra
+        HARNESS, [script, str(out)], workers=2, out=output, timeout=TIMEOUT, extra_env=extra
     )
     return (0 if all(c == 0 for c in codes.values()) else 1), output.getvalue()
 
@@ -123,6 +123,7 @@ def runs(tmp_path_factory):
         "initialize": (_explicit, (), {}),
         "slurm": (_slurm, (), {}),
         "no_dataset_fix": (_job, (), {"without": "keras_distribution_dataset"}),
+        "own_shards": (_job, (), {"script": str(SCRIPTS / "keras_own_shards.py")}),
         "no_backend_fix": (_job, (), {"without": "keras_distribution_backend"}),
     }
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
@@ -179,6 +180,24 @@ def test_initialize_with_job_addresses_or_variables_joins_two_processes(runs):
     for process in (0, 1):
         facts, weights = _result(runs, "initialize", process)
         assert (facts["replicas"], facts["processes"]) == (2, 2)
+        _same(weights, expected)
+
+
+def _auto_shard_argument():
+    import inspect
+
+    from keras.src.distribution.distribution_lib import DataParallel
+
+    return "auto_shard_dataset" in inspect.signature(DataParallel.__init__).parameters
+
+
+def test_each_process_its_own_data_with_auto_shard_dataset_off(runs):
+    if not _auto_shard_argument():
+        pytest.skip("auto_shard_dataset is an argument from Keras 3.11")
+    expected = _result(runs, "reference")[1]
+    for process in (0, 1):
+        facts, weights = _result(runs, "own_shards", process)
+        assert (facts["replicas"], facts["iterations"]) == (2, 24)
         _same(weights, expected)
 
 

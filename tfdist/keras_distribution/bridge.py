@@ -152,11 +152,20 @@ def distribute_dataset(distribution, dataset, upstream):
     if getattr(distribution, "auto_shard_dataset", True):  # a property from Keras 3.11
         return strategy.experimental_distribute_dataset(dataset)
     local_replicas = strategy.num_replicas_in_sync // processes.num_processes()
+    if local_replicas > 1:  # this process's batches, split over its own replicas
+        from tensorflow.python.data.experimental.ops import distribute as tf_data_distribute
 
-    def this_process(context):  # already this process's data: split its batches locally only
-        if local_replicas == 1:
-            return dataset
-        return dataset.unbatch().batch(context.get_per_replica_batch_size(0) or 1)
+        local_batch = int(tf_data_distribute.compute_batch_size(dataset).numpy())
+        if local_batch < 0 or local_batch % local_replicas:
+            raise ValueError(
+                f"With auto_shard_dataset=False each process's dataset is its own; its batch "
+                f"size ({local_batch}, -1: unknown) must split over its {local_replicas} "
+                "replicas. HINT: batch it with a multiple of the local replica count."
+            )
+        dataset = dataset.rebatch(local_batch // local_replicas)
+
+    def this_process(context):  # distribute_datasets_from_function wants per-replica batches
+        return dataset
 
     return strategy.distribute_datasets_from_function(this_process)
 

@@ -124,6 +124,10 @@ def plan_job(
             settings.TASK.name: f"{job}:{index}",
         }
         env.update(extra_env or {})
+        if extra_env and "PYTHONPATH" in extra_env:  # theirs, after the start-up folder
+            env["PYTHONPATH"] = os.pathsep.join(
+                dict.fromkeys(filter(None, (startup.FOLDER, *env["PYTHONPATH"].split(os.pathsep))))
+            )
         plans.append(TaskPlan(f"{job}:{index}", tuple(argv), env, serves))
     return plans
 
