@@ -23,7 +23,7 @@ from tfdist.cluster.spec import free_ports
 from tfdist.launcher import launch
 
 from helpers.paths import EXAMPLES, SCRIPTS, TESTS
-from helpers.scheduler import two_consecutive_free_ports
+from helpers.scheduler import srun_step_environment, two_consecutive_free_ports
 
 if flavour.uses_legacy_keras():
     pytest.skip("tf_keras has no keras.distribution", allow_module_level=True)
@@ -94,21 +94,7 @@ def _explicit(out):
 def _slurm(out):
     """A 2-task srun step (its variables faked): the script never calls initialize()."""
     port = two_consecutive_free_ports()
-    environments = [
-        {
-            "SLURM_JOB_ID": "4242",
-            "SLURM_STEP_ID": "0",
-            "SLURM_PROCID": str(rank),
-            "SLURM_LOCALID": str(rank),
-            "SLURM_NODEID": "0",
-            "SLURM_STEP_NUM_TASKS": "2",
-            "SLURM_STEP_NUM_NODES": "1",
-            "SLURM_STEP_NODELIST": "localhost",
-            "SLURM_STEP_TASKS_PER_NODE": "2",
-            "TFDIST_SLURM_PORT": str(port),
-        }
-        for rank in range(2)
-    ]
+    environments = [srun_step_environment(rank, port) for rank in range(2)]
     return _two_processes(out, [(), ()], environments)
 
 

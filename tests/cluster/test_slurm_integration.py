@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from helpers.paths import EXAMPLES
-from helpers.scheduler import two_consecutive_free_ports
+from helpers.scheduler import srun_step_environment, two_consecutive_free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -19,22 +19,7 @@ def test_two_task_srun_step_trains_without_tf_config():
     procs = []
     for rank in range(2):
         env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-        env.update(
-            {
-                "SLURM_JOB_ID": "4242",
-                "SLURM_JOB_NAME": "train",
-                "SLURM_STEP_ID": "0",
-                "SLURM_PROCID": str(rank),
-                "SLURM_LOCALID": str(rank),
-                "SLURM_NODEID": "0",
-                "SLURM_STEP_NUM_TASKS": "2",
-                "SLURM_STEP_NUM_NODES": "1",
-                "SLURM_STEP_NODELIST": "localhost",
-                "SLURM_STEP_TASKS_PER_NODE": "2",
-                "TFDIST_SLURM_PORT": str(port),
-                "TFDIST_STARTUP_TIMEOUT": "60",
-            }
-        )
+        env.update(srun_step_environment(rank, port), TFDIST_STARTUP_TIMEOUT="60")
         procs.append(
             subprocess.Popen(
                 [sys.executable, EXAMPLE],

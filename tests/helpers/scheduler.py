@@ -139,6 +139,24 @@ def base_env(bin_dir, **extra):
     return env
 
 
+def srun_step_environment(rank, port, tasks=2):
+    """The variables srun sets in task `rank` of a one-node step of `tasks` tasks (what tfdist
+    reads), with TFDIST_SLURM_PORT: the step's first port."""
+    return {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NAME": "train",
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": str(rank),
+        "SLURM_NODEID": "0",
+        "SLURM_STEP_NUM_TASKS": str(tasks),
+        "SLURM_STEP_NUM_NODES": "1",
+        "SLURM_STEP_NODELIST": "localhost",
+        "SLURM_STEP_TASKS_PER_NODE": str(tasks),
+        "TFDIST_SLURM_PORT": str(port),
+    }
+
+
 def free(port):
     with socket.socket() as sock:
         try:
