@@ -136,6 +136,17 @@ def _same(got, expected):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
 
 
+def _both_processes_like_one_device(runs, name):
+    """Each process's facts, once both processes' weights equal one-device training's."""
+    expected = _result(runs, "reference")[1]
+    facts = []
+    for process in (0, 1):
+        process_facts, weights = _result(runs, name, process)
+        _same(weights, expected)
+        facts.append(process_facts)
+    return facts
+
+
 def test_without_tfdist_the_distribution_trains_on_one_device(runs):
     facts, _ = _result(runs, "reference")
     assert facts["devices"] == ["cpu:0", "cpu:1"] and facts["replicas"] == 1
@@ -148,9 +159,7 @@ def test_the_guide_on_two_logical_cpus_equals_one_device(runs):
 
 
 def test_the_guide_as_a_two_process_job_equals_one_device(runs):
-    expected = _result(runs, "reference")[1]
-    for process in (0, 1):
-        facts, weights = _result(runs, "two_processes", process)
+    for facts in _both_processes_like_one_device(runs, "two_processes"):
         # 3 epochs of 8 global batches of 16, each split over the 2 processes
         assert facts == {
             "replicas": 2,
@@ -158,15 +167,11 @@ def test_the_guide_as_a_two_process_job_equals_one_device(runs):
             "devices": ["cpu:0", "cpu:1"],
             "iterations": 24,
         }
-        _same(weights, expected)
 
 
 def test_initialize_with_job_addresses_or_variables_joins_two_processes(runs):
-    expected = _result(runs, "reference")[1]
-    for process in (0, 1):
-        facts, weights = _result(runs, "initialize", process)
+    for facts in _both_processes_like_one_device(runs, "initialize"):
         assert (facts["replicas"], facts["processes"]) == (2, 2)
-        _same(weights, expected)
 
 
 def _auto_shard_argument():
@@ -180,19 +185,13 @@ def _auto_shard_argument():
 def test_each_process_its_own_data_with_auto_shard_dataset_off(runs):
     if not _auto_shard_argument():
         pytest.skip("auto_shard_dataset is an argument from Keras 3.11")
-    expected = _result(runs, "reference")[1]
-    for process in (0, 1):
-        facts, weights = _result(runs, "own_shards", process)
+    for facts in _both_processes_like_one_device(runs, "own_shards"):
         assert (facts["replicas"], facts["iterations"]) == (2, 24)
-        _same(weights, expected)
 
 
 def test_a_slurm_step_is_joined_without_initialize(runs):
-    expected = _result(runs, "reference")[1]
-    for process in (0, 1):
-        facts, weights = _result(runs, "slurm", process)
+    for facts in _both_processes_like_one_device(runs, "slurm"):
         assert (facts["replicas"], facts["processes"]) == (2, 2)
-        _same(weights, expected)
 
 
 def test_without_the_dataset_fix_each_process_trains_on_a_share_of_a_share(runs):
