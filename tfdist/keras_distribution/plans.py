@@ -69,13 +69,14 @@ def _classes():
 
 def _mesh_devices(distribution) -> list:
     names = [str(d) for d in distribution.device_mesh.devices.flatten()]
-    kinds = {keras_devices.parse(name)[0] for name in names}
+    parsed = [keras_devices.parse(name) for name in names]
+    kinds = {kind for kind, _ in parsed}
     if len(kinds) > 1:
         raise ValueError(
             f"The DeviceMesh of {distribution!r} mixes device types ({sorted(kinds)}): "
             f"{names}. HINT: build it from keras.distribution.list_devices('gpu') or ('cpu')."
         )
-    canonical = [f"{kind}:{index}" for kind, index in map(keras_devices.parse, names)]
+    canonical = [f"{kind}:{index}" for kind, index in parsed]
     twice = sorted({d for d in canonical if canonical.count(d) > 1})
     if twice:
         raise ValueError(
