@@ -86,8 +86,12 @@ def test_batches_that_do_not_split_over_the_replicas(strategy, elsewhere):
     fails_upstream(
         elsewhere["no_fixes"], "uneven_batches", SYMBOLIC_BUILD, "AddN must have the same size"
     )
+    # each replica's gradient weighed by its examples (uneven_batches_weighted_by_examples)
+    assert result["loss"] == pytest.approx(result["one_device_loss"], rel=1e-5)
+    # tf_keras weighs each replica's mean the same: it trains, a little differently
     tf_keras = ok(elsewhere["tf_keras"], "uneven_batches")
-    assert result["loss"] == pytest.approx(tf_keras["loss"], rel=1e-4)
+    assert decreasing(tf_keras["loss"])
+    assert tf_keras["loss"] != pytest.approx(tf_keras["one_device_loss"], rel=1e-3)
 
 
 def test_training_equals_one_device_training(strategy, elsewhere):

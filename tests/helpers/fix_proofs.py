@@ -160,6 +160,18 @@ def _trains_as_one_device(result) -> Optional[str]:
     return None
 
 
+def _uneven_split_as_one_device(result) -> Optional[str]:
+    problem = _trains_as_one_device(result)
+    if problem:
+        return problem
+    if result["max_log_difference"] > 1e-5:
+        return (
+            "the logged loss and mae of a step differ from one device's by "
+            f"{result['max_log_difference']:.3g} (relative)"
+        )
+    return None
+
+
 def optimizer_outside_the_scope(strategy):
     """An optimizer made before strategy.scope(): refused by tfdist, with where to create it."""
     try:
@@ -470,6 +482,14 @@ _PROOFS = [
         "fit on 4 replicas reaches one-device training's weights (upstream: 4 times the step)",
         scenarios.matches_one_device,
         _one(_trains_as_one_device),
+    ),
+    Proof(
+        "uneven_batches_weighted_by_examples",
+        MIRRORED,
+        "batches of 7 on 4 replicas reach one-device training's weights and step logs "
+        "(upstream: each replica's mean counts the same)",
+        scenarios.uneven_split_matches_one_device,
+        _one(_uneven_split_as_one_device),
     ),
     Proof(
         "optimizer_made_outside_the_scope",

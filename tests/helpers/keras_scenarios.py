@@ -113,16 +113,52 @@ def validation_split_uneven(strategy):
 
 
 def uneven_batches(strategy):
-    """Batches of 7 do not split evenly over the replicas; fit and evaluate still work."""
+    """Batches of 7 do not split evenly over the replicas; fit and evaluate still work, and
+    train as on one device."""
     tf_ = tf()
     x, y = regression_data(70)
     data = tf_.data.Dataset.from_tensor_slices((x, y)).batch(7)
     model = mlp(strategy)
     history = model.fit(data, epochs=3, verbose=0)
+    one_device = mlp(tf_.distribute.get_strategy()).fit(data, epochs=3, verbose=0)
     return {
         "loss": history.history["loss"],
+        "one_device_loss": one_device.history["loss"],
         "evaluate": model.evaluate(data, verbose=0),
         "predict_shape": list(np.asarray(model.predict(data, verbose=0)).shape),
+    }
+
+
+def uneven_split_matches_one_device(strategy):
+    """Batches of 7 on the replicas (2, 2, 2, 1 on 4; the last batch of 1): the weights and
+    every step's logged loss and mae equal one-device training's."""
+    k, tf_ = keras(), tf()
+    x, y = regression_data(64)
+    data = tf_.data.Dataset.from_tensor_slices((x, y)).batch(7)
+    results = {}
+    for name, s in (("strategy", strategy), ("one_device", tf_.distribute.get_strategy())):
+        logged = []
+        callback = k.callbacks.LambdaCallback(
+            on_train_batch_end=lambda batch, logs, logged=logged: logged.append(
+                [float(logs["loss"]), float(logs["mae"])]
+            )
+        )
+        model = mlp(s)
+        model.fit(data, epochs=2, verbose=0, callbacks=[callback])
+        results[name] = {"weights": weights(model), "logs": np.array(logged)}
+    logs_a, logs_b = results["strategy"]["logs"], results["one_device"]["logs"]
+    return {
+        "max_weight_difference": max_difference(
+            results["strategy"]["weights"], results["one_device"]["weights"]
+        ),
+        "max_log_difference": float(
+            np.max(np.abs(logs_a - logs_b) / np.maximum(np.abs(logs_b), 1e-8))
+        )
+        if logs_a.shape == logs_b.shape
+        else float("inf"),
+        "moved": max_difference(
+            results["strategy"]["weights"], weights(mlp(tf_.distribute.get_strategy()))
+        ),
     }
 
 

@@ -1,7 +1,8 @@
 """Fixes of Keras 3 and TensorFlow internals under tf.distribute, as checked records.
 
-One module per area: `replicas` (mirrored and every strategy), `multi_worker`, `callbacks`,
-`parameter_server`, and `tensorflow` (TensorFlow internals tfdist reads). `record` says what a
+One module per area: `replicas` (mirrored and every strategy), `uneven_batches`,
+`multi_worker`, `callbacks`, `parameter_server`, and `tensorflow` (TensorFlow internals tfdist
+reads). `record` says what a
 fix is; `registry` holds them all and applies them. `tfdist.make_strategy` calls
 `apply_fixes()`; users call nothing else.
 """

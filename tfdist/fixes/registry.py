@@ -17,7 +17,14 @@ import warnings
 from typing import Mapping, Optional
 
 from tfdist import flavour, releases, settings
-from tfdist.fixes import callbacks, multi_worker, parameter_server, replicas, tensorflow
+from tfdist.fixes import (
+    callbacks,
+    multi_worker,
+    parameter_server,
+    replicas,
+    tensorflow,
+    uneven_batches,
+)
 from tfdist.fixes.record import (
     APPLIED,
     APPLIES,
@@ -31,7 +38,7 @@ from tfdist.fixes.record import (
 
 FIXES = {
     fix.name: fix
-    for module in (replicas, multi_worker, callbacks, parameter_server, tensorflow)
+    for module in (replicas, uneven_batches, multi_worker, callbacks, parameter_server, tensorflow)
     for fix in module.FIXES
 }
 

@@ -1,0 +1,112 @@
+"""Fixes for batches that do not split evenly over the replicas.
+
+A global batch of 15 examples on 2 replicas gives them 8 and 7; the last batch of an epoch is
+often smaller still. Keras takes each replica's mean loss, divides it by the number of replicas
+and sums the gradients: the mean of the replicas' means, which weighs the 7 examples more than
+the 8 and is not the global batch's mean. The fix weighs each replica's gradient by its share of
+the examples instead, and reads the step's logged loss and metrics over all replicas.
+
+Nothing here imports TensorFlow or Keras at import time. May import: tfdist.fixes.record.
+"""
+
+import threading
+
+from tfdist.fixes.record import Fix, Target
+
+_TRAINER = "keras.src.backend.tensorflow.trainer"
+
+UNEVEN_BATCHES = Fix(
+    name="uneven_batches_weighted_by_examples",
+    summary=(
+        "Each replica's mean loss counts the same in the summed gradient, however many of the "
+        "batch's examples the replica had."
+    ),
+    upstream="none found (tf_keras has the same mean of means)",
+    strategies=("mirrored", "multi_worker_mirrored"),
+    consequence=(
+        "a batch that does not split evenly over the replicas (8 and 7 of 15, or an epoch's "
+        "smaller last batch) takes another step than on one device (no error)."
+    ),
+)
+
+
+def _local_examples(tf, data):
+    """The number of examples in this replica's batch: the first dimension of the first input."""
+    x = data[0] if isinstance(data, (tuple, list)) and 1 <= len(data) <= 3 else data
+    first = next(t for t in tf.nest.flatten(x) if t is not None)
+    return first.shape[0], tf.shape(first)[0]
+
+
+_LOSS_SCALE = "keras.src.optimizers.loss_scale_optimizer:LossScaleOptimizer"
+
+
+@UNEVEN_BATCHES.variant(
+    "3.3",
+    targets=[
+        Target(f"{_TRAINER}:TensorFlowTrainer.train_step", ("self", "data")),
+        Target("keras.src.optimizers.base_optimizer:BaseOptimizer.scale_loss", ("self", "loss")),
+        Target(f"{_LOSS_SCALE}.scale_loss", ("self", "loss")),
+        Target("keras.src.trainers.trainer:Trainer.get_metrics_result", ("self",)),
+    ],
+)
+def _fix_uneven_batches():
+    # No upstream issue found. TensorFlowTrainer.train_step (keras/src/backend/tensorflow/
+    # trainer.py) differentiates the replica's mean loss over its own examples, scaled by
+    # 1 / num_replicas (Keras >= 3.8, or tfdist's loss_scaled_for_replicas), and the optimizer
+    # sums the gradients over the replicas. With n_r examples on replica r of N in all, the
+    # global batch's mean needs the weight n_r / N, not 1 / num_replicas. The fix multiplies
+    # the loss by num_replicas * n_r / N where train_step turns it into the gradient's source,
+    # optimizer.scale_loss (one scalar all-reduce for N), so that gradients that cross the
+    # replicas (a synchronized BatchNormalization's all-reduce) are weighted right too. The
+    # logged loss is already weighted by n_r. And the step's logs, each replica's results
+    # averaged over the replicas (a mean of means), are read once over all replicas instead.
+    # Batches of a static, hence equal, size: unchanged, no all-reduce. One replica, or a
+    # custom train_step: unchanged.
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import trainer
+    from keras.src.optimizers import base_optimizer, loss_scale_optimizer
+
+    cls = trainer.TensorFlowTrainer
+    original_train_step = cls.train_step
+
+    def train_step(self, data):
+        context = tf.distribute.get_replica_context()
+        if getattr(self, "optimizer", None) is None or context is None:
+            return original_train_step(self, data)
+        replicas = context.num_replicas_in_sync
+        static, local = _local_examples(tf, data)
+        if replicas <= 1 or static is not None:
+            return original_train_step(self, data)
+        local = tf.cast(local, tf.float32)
+        total = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
+        # Mirrored traces its replicas in threads of their own: the share is per thread.
+        _SHARE.value = tf.math.divide_no_nan(local * replicas, total)
+        try:
+            logs = original_train_step(self, data)
+        finally:
+            _SHARE.value = None
+        # Each replica's results read its own totals; averaged over the replicas they are the
+        # mean of their means. Read once over every replica instead (sync-on-read sums).
+        exact = context.merge_call(lambda _: self.get_metrics_result())
+        return exact if isinstance(logs, dict) and set(exact) == set(logs) else logs
+
+    def weighted(original):
+        def scale_loss(self, loss):
+            scaled = original(self, loss)
+            share = getattr(_SHARE, "value", None)
+            if share is None:
+                return scaled
+            _SHARE.value = None  # once per step
+            return scaled * tf.cast(share, scaled.dtype)
+
+        return scale_loss
+
+    cls.train_step = train_step
+    for optimizer in (base_optimizer.BaseOptimizer, loss_scale_optimizer.LossScaleOptimizer):
+        optimizer.scale_loss = weighted(optimizer.scale_loss)
+
+
+_SHARE = threading.local()  # this replica's num_replicas * n_r / N while its train_step traces
+
+
+FIXES = (UNEVEN_BATCHES,)
