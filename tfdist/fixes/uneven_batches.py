@@ -4,7 +4,9 @@ A global batch of 15 examples on 2 replicas gives them 8 and 7; the last batch o
 often smaller still. Keras takes each replica's mean loss, divides it by the number of replicas
 and sums the gradients: the mean of the replicas' means, which weighs the 7 examples more than
 the 8 and is not the global batch's mean. The fix weighs each replica's gradient by its share of
-the examples instead, and reads the step's logged loss and metrics over all replicas.
+the examples instead, and reads the step's logged loss and metrics over all replicas. On
+mirrored only: between processes (multi_worker_mirrored) the two extra all-reduces a step cost
+more than they are worth on CPUs, and an uneven batch there weighs as in Keras.
 
 Nothing here imports TensorFlow or Keras at import time. May import: tfdist.fixes.record.
 """
@@ -22,7 +24,7 @@ UNEVEN_BATCHES = Fix(
         "batch's examples the replica had."
     ),
     upstream="none found (tf_keras has the same mean of means)",
-    strategies=("mirrored", "multi_worker_mirrored"),
+    strategies=("mirrored",),
     consequence=(
         "a batch that does not split evenly over the replicas (8 and 7 of 15, or an epoch's "
         "smaller last batch) takes another step than on one device (no error)."
@@ -47,6 +49,7 @@ _LOSS_SCALE = "keras.src.optimizers.loss_scale_optimizer:LossScaleOptimizer"
         Target("keras.src.optimizers.base_optimizer:BaseOptimizer.scale_loss", ("self", "loss")),
         Target(f"{_LOSS_SCALE}.scale_loss", ("self", "loss")),
         Target("keras.src.trainers.trainer:Trainer.get_metrics_result", ("self",)),
+        "keras.src.backend.common.stateless_scope:StatelessScope",
     ],
 )
 def _fix_uneven_batches():
@@ -59,9 +62,11 @@ def _fix_uneven_batches():
     # optimizer.scale_loss (one scalar all-reduce for N), so that gradients that cross the
     # replicas (a synchronized BatchNormalization's all-reduce) are weighted right too. The
     # logged loss is already weighted by n_r. And the step's logs, each replica's results
-    # averaged over the replicas (a mean of means), are read once over all replicas instead.
-    # Batches of a static, hence equal, size: unchanged, no all-reduce. One replica, or a
-    # custom train_step: unchanged.
+    # averaged over the replicas (a mean of means), are computed from the metrics' totals and
+    # counts summed over the replicas (one all-reduce) instead.
+    # Batches of a static, hence equal, size: unchanged, no all-reduce. One replica, a custom
+    # train_step, or multi_worker_mirrored (there the two all-reduces between processes cost
+    # fit half its throughput on CPUs, benchmarks/bench_uneven_batches.py): unchanged.
     import tensorflow as tf
     from keras.src.backend.tensorflow import trainer
     from keras.src.optimizers import base_optimizer, loss_scale_optimizer
@@ -75,7 +80,7 @@ def _fix_uneven_batches():
             return original_train_step(self, data)
         replicas = context.num_replicas_in_sync
         static, local = _local_examples(tf, data)
-        if replicas <= 1 or static is not None:
+        if replicas <= 1 or static is not None or _across_workers(tf):
             return original_train_step(self, data)
         local = tf.cast(local, tf.float32)
         total = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
@@ -85,10 +90,7 @@ def _fix_uneven_batches():
             logs = original_train_step(self, data)
         finally:
             _SHARE.value = None
-        # Each replica's results read its own totals; averaged over the replicas they are the
-        # mean of their means. Read once over every replica instead (sync-on-read sums).
-        exact = context.merge_call(lambda _: self.get_metrics_result())
-        return exact if isinstance(logs, dict) and set(exact) == set(logs) else logs
+        return _logs_over_all_replicas(tf, self, context, logs)
 
     def weighted(original):
         def scale_loss(self, loss):
@@ -104,6 +106,33 @@ def _fix_uneven_batches():
     cls.train_step = train_step
     for optimizer in (base_optimizer.BaseOptimizer, loss_scale_optimizer.LossScaleOptimizer):
         optimizer.scale_loss = weighted(optimizer.scale_loss)
+
+
+def _logs_over_all_replicas(tf, model, context, logs):
+    """The step's logs from every replica's metric totals, summed in one all-reduce.
+
+    Each replica's results read its own totals; Keras averages them over the replicas, the
+    mean of their means. Summing the totals and counts first gives the global batch's values.
+    Metrics with a variable that is not a sum: the logs as they are.
+    """
+    from keras.src.backend.common.stateless_scope import StatelessScope
+
+    variables = [v for metric in model.metrics for v in metric.variables]
+    kinds = {getattr(v, "aggregation", getattr(v, "_aggregation", None)) for v in variables}
+    if not variables or kinds != {"sum"} or not isinstance(logs, dict):
+        return logs
+    local = [tf.cast(tf.convert_to_tensor(v.value), tf.float64) for v in variables]
+    summed = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
+    mapping = [(v, tf.cast(s, v.dtype)) for v, s in zip(variables, summed)]
+    with StatelessScope(state_mapping=mapping):
+        exact = model.get_metrics_result()
+    return exact if set(exact) == set(logs) else logs
+
+
+def _across_workers(tf) -> bool:
+    """multi_worker_mirrored: each all-reduce is a collective between processes, which costs as
+    much as a small step on CPUs; the fix's two would halve fit's throughput there."""
+    return isinstance(tf.distribute.get_strategy(), tf.distribute.MultiWorkerMirroredStrategy)
 
 
 _SHARE = threading.local()  # this replica's num_replicas * n_r / N while its train_step traces
