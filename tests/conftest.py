@@ -104,6 +104,7 @@ SCENARIOS = {
     "multi_worker: restart after a worker is killed": ["cluster/test_launcher_integration.py::"],
     "multi_worker: SIGTERM, exact resume": ["cluster/test_preemption.py::"],
     "multi_worker: elastic, 3 -> 2 -> 3 workers": ["cluster/test_elastic.py::"],
+    "testing: assert_same_training on every strategy": ["cluster/test_same_training.py::"],
     "parameter_server: SIGTERM to the chief, exact resume": [
         "cluster/test_preemption_parameter_server.py::"
     ],

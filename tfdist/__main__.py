@@ -2,7 +2,7 @@
 
 import sys
 
-from tfdist.launcher.cli import main
+from tfdist.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,10 +1,12 @@
-"""The `tfdist` command (also `python -m tfdist`).
+"""The `tfdist` command (also `python -m tfdist`): the top of tfdist, which imports its parts.
 
     tfdist env [--json]                      versions, devices, cluster, the "auto" strategy
     tfdist tf-config --worker h:p,h:p ...    TF_CONFIG of one task, or of every task (--all)
     tfdist launch --workers 2 train.py ...   run a script as a local multi-process job
     tfdist serve                             run this task as a parameter-server job's server
     tfdist doctor                            env report + a real 2-process smoke test
+    tfdist verify model.py                   train the script's model under every strategy:
+                                             the same as on one device, step by step?
 
 Flags accept hyphens or underscores (--max-restarts / --max_restarts).
 """
@@ -197,7 +199,47 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument(
         "--timeout", type=_seconds, default=180.0, help="seconds for the smoke test (default 180)"
     )
+
+    ver = sub.add_parser(
+        "verify",
+        help="train a script's build_model() under every strategy and compare with one device",
+    )
+    ver.add_argument(
+        "script", help="a .py file defining build_model(), data() and GLOBAL_BATCH_SIZE"
+    )
+    ver.add_argument(
+        "--strategies",
+        type=lambda text: [part.strip() for part in text.split(",") if part.strip()],
+        help="comma-separated, the first is the reference (default: one_device, mirrored, "
+        "multi_worker_mirrored, parameter_server)",
+    )
+    ver.add_argument("--global-batch-size", "--global_batch_size", type=_positive_int)
+    ver.add_argument("--steps", type=_positive_int, help="steps per epoch (default 4)")
+    ver.add_argument("--epochs", type=_positive_int, help="epochs (default 2)")
+    ver.add_argument("--rtol", type=float, help="relative tolerance (default 1e-4)")
+    ver.add_argument("--atol", type=float, help="absolute tolerance (default 1e-5)")
+    ver.add_argument(
+        "--replicas", type=_positive_int, default=2, help="mirrored's virtual CPUs (default 2)"
+    )
+    ver.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=2,
+        help="multi_worker_mirrored's processes (default 2)",
+    )
+    ver.add_argument(
+        "--keep-random-layers",
+        "--keep_random_layers",
+        action="store_true",
+        help="leave Dropout and noise layers on (default: their rate is set to 0 in every run)",
+    )
     return parser
+
+
+def _positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -541,10 +583,28 @@ def _cmd_doctor(args) -> int:
     return 1 if failures else 0
 
 
+def _cmd_verify(args) -> int:
+    from tfdist.testing.verify import verify_script
+
+    return verify_script(
+        args.script,
+        global_batch_size=args.global_batch_size,
+        strategies=args.strategies,
+        steps=args.steps,
+        epochs=args.epochs,
+        rtol=args.rtol,
+        atol=args.atol,
+        replicas=args.replicas,
+        workers=args.workers,
+        random_layers="keep" if args.keep_random_layers else "off",
+    )
+
+
 _COMMANDS = {
     "env": _cmd_env,
     "tf-config": _cmd_tf_config,
     "launch": _cmd_launch,
     "serve": _cmd_serve,
     "doctor": _cmd_doctor,
+    "verify": _cmd_verify,
 }

@@ -285,6 +285,15 @@ TASK = Setting(
     "the launcher and `run_cluster`",
     "set by the launcher",
 )
+POOL_KEY = Setting(
+    "TFDIST_POOL_KEY",
+    _text,
+    None,
+    "the key with which a strategy pool's process (`tfdist.testing`) proves itself to the test "
+    "process that started it",
+    "`tfdist.testing.pools`",
+    "set by the pool",
+)
 NETWORK_NAMESPACE = Setting(
     "TFDIST_NETWORK_NAMESPACE",
     _namespace,
@@ -319,6 +328,7 @@ SETTINGS = (
     PROGRESS,
     REPORT_FILE,
     TASK,
+    POOL_KEY,
     NETWORK_NAMESPACE,
     VERBOSE,
 )

@@ -20,9 +20,9 @@ import time
 import pytest
 
 from tfdist import netns
+from tfdist.cli import main
 from tfdist.launcher import job as job_module
 from tfdist.launcher import launch, plan_job, run_job
-from tfdist.launcher.cli import main
 from tfdist.launcher.noise import NoiseFilter
 from tfdist.testing import run_cluster
 

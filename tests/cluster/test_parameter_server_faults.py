@@ -291,9 +291,9 @@ def _run_job(fn, out_dir, *args):
     `run_cluster` does); the server tasks run the launcher's `python -m tfdist serve` inside
     `_SERVER_WRAPPER`.
     """
-    from tfdist.testing import _reference
+    from tfdist.testing.clusters import function_reference
 
-    module, qualname, source = _reference(fn)
+    module, qualname, source = function_reference(fn)
     call_file = os.path.join(out_dir, "call.pkl")
     with open(call_file, "wb") as f:
         pickle.dump(((str(out_dir),) + args, {}), f)

@@ -75,3 +75,57 @@ def test_run_cluster_reports_each_task_and_its_output():
         r"worker one gives up",
     ):
         run_cluster(fail_on_worker_one, workers=2, timeout=60)
+
+
+def test_the_strategies_marker_runs_a_body_under_each_strategy_in_shared_processes(
+    pytester, tmp_path
+):
+    """A user's suite: 2 tests on 3 and 2 strategies, one failing test; every run of a strategy
+    reuses its pool's processes (3 processes in all: one local, two workers)."""
+    seen = tmp_path / "pids"
+    seen.mkdir()
+    pytester.makepyfile(
+        test_user=textwrap.dedent(f"""
+        import os
+        import pytest
+
+        SEEN = {str(seen)!r}
+
+        def note(strategy):
+            with open(os.path.join(SEEN, str(os.getpid())), "a") as f:
+                f.write(type(strategy).__name__ + "\\n")
+
+        @pytest.mark.tfdist_strategies(
+            "one_device", "mirrored", "multi_worker_mirrored", replicas=3
+        )
+        def test_sum(strategy, tmp_path):
+            import tensorflow as tf
+
+            note(strategy)
+            assert tmp_path.exists()  # a fixture's value, sent along
+            total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+            print("replicas in sync:", strategy.num_replicas_in_sync)
+            assert float(total) == strategy.num_replicas_in_sync
+
+        @pytest.mark.tfdist_strategies("mirrored", "multi_worker_mirrored", replicas=3)
+        def test_again(strategy):
+            note(strategy)
+
+        @pytest.mark.tfdist_strategies("mirrored", replicas=3)
+        def test_wrong(strategy):
+            assert strategy.num_replicas_in_sync == 2, "not 2 replicas"
+    """)
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v", "-rP")
+    result.assert_outcomes(passed=5, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_sum?one_device? PASSED*",
+            "*test_sum?multi_worker_mirrored? PASSED*",
+            "*--- mirrored worker:0: AssertionError: not 2 replicas*",
+        ]
+    )
+    assert "replicas in sync: 3" in result.stdout.str()
+    kinds = {pid.name: set(pid.read_text().split()) for pid in seen.iterdir()}
+    assert sorted(len(runs) for runs in kinds.values()) == [1, 1, 2], kinds
+    assert {"OneDeviceStrategy", "MirroredStrategy"} in kinds.values()

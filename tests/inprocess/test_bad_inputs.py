@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tfdist
-import tfdist.launcher.cli
+import tfdist.cli
 from tfdist.cluster import ClusterSpec
 
 W2 = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
@@ -52,7 +52,7 @@ def cli(*argv):
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
-            code = tfdist.launcher.cli.main(list(argv))
+            code = tfdist.cli.main(list(argv))
         except SystemExit as exit_:
             code = exit_.code
     if code == 2:

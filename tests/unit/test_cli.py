@@ -7,8 +7,8 @@ import os
 
 import pytest
 
+from tfdist.cli import main
 from tfdist.cluster import ClusterSpec
-from tfdist.launcher.cli import main
 
 from helpers.cli import SPEC, _parse_export
 

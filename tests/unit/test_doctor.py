@@ -3,8 +3,8 @@ tests/cluster/test_doctor_smoke.py)."""
 
 import pytest
 
+from tfdist.cli import diagnose, scenario_outcomes, smoke_verdict
 from tfdist.launcher import JobResult, TaskResult
-from tfdist.launcher.cli import diagnose, scenario_outcomes, smoke_verdict
 
 
 def test_diagnose_recognises_shell_settings_with_their_fixes():

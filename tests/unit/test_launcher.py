@@ -51,7 +51,7 @@ def test_two_plans_never_share_a_port():
 
 
 def test_cli_dry_run_and_bad_input(tmp_path, capsys):
-    from tfdist.launcher.cli import main
+    from tfdist.cli import main
 
     script = _script(tmp_path, "print('hi')\n")
     assert (

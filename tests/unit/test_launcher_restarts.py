@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
+from tfdist.cli import main
 from tfdist.launcher import job as job_module
-from tfdist.launcher.cli import main
 from tfdist.launcher.job import check_grace
 from tfdist.launcher.outcome import (
     JobResult,

@@ -72,6 +72,7 @@ CASES = {
     settings.PROGRESS: ([("all", True), (" ALL ", True), ("", False), ("chief", False)], []),
     settings.REPORT_FILE: ([("/tmp/worker-0.json", "/tmp/worker-0.json"), ("", None)], []),
     settings.TASK: ([("worker:1", "worker:1")], []),
+    settings.POOL_KEY: ([("00ff", "00ff")], []),
     settings.NETWORK_NAMESPACE: (
         [("auto", "auto"), (" Require ", "require"), ("off", "off"), ("0", "off"), ("no", "off")],
         ["", "yes", "isolate"],

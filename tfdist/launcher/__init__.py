@@ -1,4 +1,4 @@
-"""Local jobs: run a script as a multi-process TensorFlow job on loopback, and the `tfdist` command.
+"""Local jobs: run a script as a multi-process TensorFlow job on loopback.
 
 - `job`: one attempt of a job: `plan_job` (pure: the cluster and each task's command and
   TF_CONFIG), `run_job` (the processes, their output, stopping them all).
@@ -6,7 +6,6 @@
   exit code of `tfdist launch` and the failure and preemption messages.
 - `restarts`: `launch` (both, with restarts after a failure or a preemption, and elastic jobs).
 - `noise`: which lines of a task are TensorFlow's start-up noise, hidden from the terminal.
-- `cli`: the `tfdist` command (env, tf-config, launch, serve, doctor).
 - `smoke_job`: the 2-process job `tfdist doctor` runs.
 - `run_function`: the child side of `tfdist.testing.run_cluster` (one function in one task).
 

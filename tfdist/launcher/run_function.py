@@ -15,7 +15,8 @@ import traceback
 from tfdist import settings
 
 
-def _load(module_name: str, qualname: str, source: str):
+def load_function(module_name: str, qualname: str, source: str):
+    """The object `qualname` of `module_name`, loaded from `source` when it is not importable."""
     try:
         module = importlib.import_module(module_name)
     except ImportError:
@@ -38,7 +39,7 @@ def main(argv) -> int:
     with open(call_file, "rb") as f:
         args, kwargs = pickle.load(f)
     try:
-        value = _load(module_name, qualname, source)(*args, **kwargs)
+        value = load_function(module_name, qualname, source)(*args, **kwargs)
         from tfdist.strategy import exit_barrier
 
         exit_barrier()

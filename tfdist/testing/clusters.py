@@ -1,18 +1,7 @@
-"""`tfdist.testing`: test distributed TensorFlow code on CPUs, in-process or as local clusters.
+"""`run_cluster`: one Python function run in every task of a local multi-process cluster.
 
-A pytest plugin, registered through the `pytest11` entry point, so installing tfdist makes the
-fixtures available in any test suite:
-
-- `virtual_cpus` (session): splits the host CPU into `tfdist_virtual_cpus` logical devices
-  (ini option, default 2) before TensorFlow initialises; returns their names.
-- `free_ports`: a function `free_ports(n)` -> n distinct free TCP ports.
-- `run_cluster`: a function that runs a Python function in every task of a local multi-process
-  cluster and returns each task's exit code, output and return value (see `run_cluster`).
-- env-leak guard: with `tfdist_env_guard = true` in the ini file, a test that leaves TF_CONFIG,
-  a TFDIST_* variable or CUDA_VISIBLE_DEVICES changed fails.
-- marker `requires_gpu(n=1)`: skips the test on hosts with fewer than n GPUs.
-
-TensorFlow is imported inside fixture bodies only, so loading the plugin stays cheap.
+Each call starts fresh processes (`tfdist.launcher.job`), waits for them with a hard timeout and
+returns what each task printed, returned or raised. Imports nothing of TensorFlow.
 """
 
 from __future__ import annotations
@@ -25,16 +14,10 @@ import sys
 import tempfile
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
-import pytest
-
-from tfdist import settings
-from tfdist.cluster import free_ports as _free_ports
 from tfdist.launcher.job import plan_job, run_job
 from tfdist.launcher.outcome import JobResult
 
 __all__ = ["ClusterRunError", "TaskRun", "is_running", "run_cluster"]
-
-GUARDED_VARIABLES = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "TF_USE_LEGACY_KERAS")
 
 
 class ClusterRunError(AssertionError):
@@ -114,7 +97,7 @@ def run_cluster(
         assert runs["worker:0"].value == runs["worker:1"].value == 3.0
     ```
     """
-    module, qualname, source = _reference(fn)
+    module, qualname, source = function_reference(fn)
     with tempfile.TemporaryDirectory(prefix="tfdist-run-") as tmp:
         call_file = os.path.join(tmp, "call.pkl")
         with open(call_file, "wb") as f:
@@ -139,10 +122,11 @@ def run_cluster(
     return runs
 
 
-def _reference(fn: Callable):
+def function_reference(fn: Callable, caller: str = "run_cluster"):
+    """(module, qualname, source file) by which a child process imports `fn`."""
     if not callable(fn) or "<locals>" in getattr(fn, "__qualname__", "<locals>"):
         raise TypeError(
-            f"run_cluster needs a module-level function that child processes can import. "
+            f"{caller} needs a module-level function that child processes can import. "
             f"Received: {fn!r}. HINT: define it at the top level of the test module."
         )
     source = inspect.getsourcefile(fn) or ""
@@ -179,83 +163,3 @@ def _report(fn, result: JobResult, runs: Dict[str, TaskRun], timeout: float) -> 
             f"{', ' + run.error if run.error else ''}\n    {tail}"
         )
     return "\n".join(lines)
-
-
-# -------------------------------------------------------------------------- pytest plugin
-
-
-def pytest_addoption(parser):
-    parser.addini(
-        "tfdist_virtual_cpus", "logical CPUs made by the virtual_cpus fixture", default="2"
-    )
-    parser.addini(
-        "tfdist_env_guard",
-        "fail tests that leak TF_CONFIG / TFDIST_* variables",
-        type="bool",
-        default=False,
-    )
-
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "requires_gpu(n=1): skip unless this host has at least n GPUs"
-    )
-
-
-def pytest_runtest_setup(item):
-    marker = item.get_closest_marker("requires_gpu")
-    if marker is None:
-        return
-    needed = marker.kwargs.get("n", marker.args[0] if marker.args else 1)
-    import tensorflow as tf
-
-    found = len(tf.config.list_physical_devices("GPU"))
-    if found < needed:
-        pytest.skip(f"needs {needed} GPU(s); this host has {found}")
-
-
-@pytest.fixture(scope="session")
-def virtual_cpus(pytestconfig):
-    """The logical CPU names ("/cpu:0", ...), made before TensorFlow initialises."""
-    from tfdist.strategy import virtual_cpus as make
-
-    return make(int(pytestconfig.getini("tfdist_virtual_cpus")))
-
-
-@pytest.fixture
-def free_ports():
-    """`free_ports(n)` -> n distinct TCP ports free right now (never repeated in a process)."""
-    return _free_ports
-
-
-@pytest.fixture(name="run_cluster")
-def run_cluster_fixture():
-    """The `tfdist.testing.run_cluster` function."""
-    return run_cluster
-
-
-def _guarded(environ) -> dict:
-    return {
-        k: v for k, v in environ.items() if k in GUARDED_VARIABLES or k.startswith(settings.PREFIX)
-    }
-
-
-@pytest.fixture(autouse=True)
-def _tfdist_env_guard(request):
-    if not request.config.getini("tfdist_env_guard"):
-        yield
-        return
-    before = _guarded(os.environ)
-    yield
-    after = _guarded(os.environ)
-    if after != before:
-        leaked = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-        for key in leaked:  # restore, so one leak does not fail every later test
-            if key in before:
-                os.environ[key] = before[key]
-            else:
-                os.environ.pop(key, None)
-        pytest.fail(
-            f"The test changed environment variable(s) {leaked} and did not restore "
-            "them. HINT: use monkeypatch.setenv, or pass env= mappings."
-        )

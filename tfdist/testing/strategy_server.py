@@ -1,0 +1,106 @@
+"""Child side of a strategy pool (`tfdist.testing.pools`): one long-lived process that holds
+strategies and runs functions under them on request.
+
+    python -m tfdist.testing.strategy_server POOL ADDRESS REPLICAS
+
+POOL is one of `pools.POOLS`: "local" (virtual CPUs: one_device and mirrored),
+"multi_worker_mirrored" (this process is one worker of a local job, from TF_CONFIG) or
+"parameter_server" (a chief with one worker and one ps as in-process servers). The process
+makes its strategies, connects to the pool's Unix socket ADDRESS (its key in TFDIST_POOL_KEY,
+`tfdist.settings`), says it is ready, then runs each
+request `("call", strategy_name, (module, qualname, source), args, kwargs, strategy_kwarg)`:
+`fn(strategy, *args, **kwargs)`, or with `strategy_kwarg`, `fn(*args, **kwargs,
+**{strategy_kwarg: strategy})`. Before each call Keras' session is cleared and the global
+dtype policy reset, so calls do not see each other's models. The reply is `("ok", value,
+output)` or `("error", summary, traceback, output)`, where output is what the call printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pickle
+import sys
+import traceback
+from multiprocessing.connection import Client
+
+from tfdist import settings
+
+
+def _strategies(pool: str, replicas: int) -> dict:
+    """Strategy name -> a function that makes it (called once, on first use)."""
+    import tfdist
+
+    if pool == "local":
+        tfdist.virtual_cpus(replicas)
+        local = tfdist.ClusterSpec({})
+        return {
+            "one_device": lambda: tfdist.make_strategy("one_device", cluster=local),
+            "mirrored": lambda: tfdist.make_strategy("mirrored", cluster=local),
+        }
+    if pool == "multi_worker_mirrored":
+        strategy = tfdist.make_strategy("multi_worker_mirrored")  # before any other op
+        return {"multi_worker_mirrored": lambda: strategy}
+    if pool == "parameter_server":
+        from tfdist.strategy import start_local_servers
+
+        spec = tfdist.ClusterSpec.local(workers=1, ps=1, chief=True, task_type="chief")
+        start_local_servers(spec)
+        return {"parameter_server": lambda: tfdist.make_strategy("parameter_server", cluster=spec)}
+    raise ValueError(f"Unknown strategy pool {pool!r}.")
+
+
+def _fresh_keras() -> None:
+    from tfdist import flavour
+
+    keras = flavour.keras()
+    keras.backend.clear_session()
+    keras.mixed_precision.set_global_policy("float32")
+
+
+def _call(strategies: dict, made: dict, request) -> tuple:
+    from tfdist.launcher.run_function import load_function
+
+    _, name, reference, args, kwargs, strategy_kwarg = request
+    output = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+            if name not in made:
+                made[name] = strategies[name]()
+            _fresh_keras()
+            fn = load_function(*reference)
+            if strategy_kwarg:
+                value = fn(*args, **kwargs, **{strategy_kwarg: made[name]})
+            else:
+                value = fn(made[name], *args, **kwargs)
+        pickle.dumps(value)  # an unpicklable value is the caller's error, not a lost pool
+        return ("ok", value, output.getvalue())
+    except BaseException as err:  # everything goes back to the caller
+        summary = f"{type(err).__name__}: {err}"
+        return ("error", summary, traceback.format_exc(), output.getvalue())
+
+
+def main(argv) -> int:
+    pool, address, replicas = argv[0], argv[1], int(argv[2])
+    strategies = _strategies(pool, replicas)
+    made = {}
+    if pool != "local":  # made at start: a multi-worker job connects its peers here
+        made = {name: make() for name, make in strategies.items()}
+    connection = Client(address, family="AF_UNIX", authkey=bytes.fromhex(settings.POOL_KEY.get()))
+    connection.send(("ready", os.getpid()))
+    while True:
+        try:
+            request = connection.recv()
+        except (EOFError, OSError):  # the pool is gone
+            return 0
+        if request[0] == "stop":
+            return 0
+        connection.send(_call(strategies, made, request))
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip interpreter teardown, where TensorFlow's gRPC threads can hang
