@@ -49,7 +49,7 @@ _LOSS_SCALE = "keras.src.optimizers.loss_scale_optimizer:LossScaleOptimizer"
         Target("keras.src.optimizers.base_optimizer:BaseOptimizer.scale_loss", ("self", "loss")),
         Target(f"{_LOSS_SCALE}.scale_loss", ("self", "loss")),
         Target("keras.src.trainers.trainer:Trainer.get_metrics_result", ("self",)),
-        "keras.src.backend.common.stateless_scope:StatelessScope",
+        Target(f"{_TRAINER}:reduce_per_replica", ("values", "strategy", "reduction")),
     ],
 )
 def _fix_uneven_batches():
@@ -62,8 +62,8 @@ def _fix_uneven_batches():
     # optimizer.scale_loss (one scalar all-reduce for N), so that gradients that cross the
     # replicas (a synchronized BatchNormalization's all-reduce) are weighted right too. The
     # logged loss is already weighted by n_r. And the step's logs, each replica's results
-    # averaged over the replicas (a mean of means), are computed from the metrics' totals and
-    # counts summed over the replicas (one all-reduce) instead.
+    # averaged over the replicas (a mean of means), are read from the metrics' totals and
+    # counts summed over the replicas instead (reduce_per_replica, after strategy.run).
     # Batches of a static, hence equal, size: unchanged, no all-reduce. One replica, a custom
     # train_step, or multi_worker_mirrored (there the two all-reduces between processes cost
     # fit half its throughput on CPUs, benchmarks/bench_uneven_batches.py): unchanged.
@@ -90,7 +90,8 @@ def _fix_uneven_batches():
             logs = original_train_step(self, data)
         finally:
             _SHARE.value = None
-        return _logs_over_all_replicas(tf, self, context, logs)
+        _EXACT_LOGS["model"] = self  # for reduce_per_replica, right after strategy.run
+        return logs
 
     def weighted(original):
         def scale_loss(self, loss):
@@ -103,30 +104,23 @@ def _fix_uneven_batches():
 
         return scale_loss
 
+    original_reduce = trainer.reduce_per_replica
+
+    def reduce_per_replica(values, strategy, reduction):
+        # Each replica's results read its own totals; Keras averages them over the replicas, a
+        # mean of means. Outside strategy.run a read of the metrics' sync-on-read totals and
+        # counts sums them over the replicas (on one host: an add, no synchronisation).
+        model = _EXACT_LOGS.pop("model", None)
+        if model is not None and reduction in ("auto", "mean") and isinstance(values, dict):
+            exact = model.get_metrics_result()
+            if set(exact) == set(values):
+                return exact
+        return original_reduce(values, strategy, reduction)
+
     cls.train_step = train_step
+    trainer.reduce_per_replica = reduce_per_replica  # looked up when the step is traced
     for optimizer in (base_optimizer.BaseOptimizer, loss_scale_optimizer.LossScaleOptimizer):
         optimizer.scale_loss = weighted(optimizer.scale_loss)
-
-
-def _logs_over_all_replicas(tf, model, context, logs):
-    """The step's logs from every replica's metric totals, summed in one all-reduce.
-
-    Each replica's results read its own totals; Keras averages them over the replicas, the
-    mean of their means. Summing the totals and counts first gives the global batch's values.
-    Metrics with a variable that is not a sum: the logs as they are.
-    """
-    from keras.src.backend.common.stateless_scope import StatelessScope
-
-    variables = [v for metric in model.metrics for v in metric.variables]
-    kinds = {getattr(v, "aggregation", getattr(v, "_aggregation", None)) for v in variables}
-    if not variables or kinds != {"sum"} or not isinstance(logs, dict):
-        return logs
-    local = [tf.cast(tf.convert_to_tensor(v.value), tf.float64) for v in variables]
-    summed = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
-    mapping = [(v, tf.cast(s, v.dtype)) for v, s in zip(variables, summed)]
-    with StatelessScope(state_mapping=mapping):
-        exact = model.get_metrics_result()
-    return exact if set(exact) == set(logs) else logs
 
 
 def _across_workers(tf) -> bool:
@@ -136,6 +130,7 @@ def _across_workers(tf) -> bool:
 
 
 _SHARE = threading.local()  # this replica's num_replicas * n_r / N while its train_step traces
+_EXACT_LOGS: dict = {}  # "model": the model whose step logs the traced step reads exactly
 
 
 FIXES = (UNEVEN_BATCHES,)
