@@ -135,3 +135,20 @@ def test_the_summary_table_marks_what_is_beyond_the_tolerance():
         0.0,
         False,
     )
+
+
+def test_an_error_from_inside_a_tf_function_is_its_cause_in_one_line():
+    from tfdist.testing.recording import error_text
+
+    traced = RuntimeError(
+        'in user code:\n\n    File "/keras/trainer.py", line 104, in one_step_on_data  **\n'
+        "        return self.train_step(data)\n\n"
+        "    RuntimeError: Exception encountered when calling Cond.call().\n\n"
+        "    \x1b[1m`merge_call` called while defining a new graph\x1b[0m\n"
+    )
+    assert error_text(traced) == (
+        "RuntimeError: Exception encountered when calling Cond.call(). "
+        "`merge_call` called while defining a new graph"
+    )
+    long = error_text(ValueError("x" * 2000), limit=300)
+    assert long.startswith("ValueError: xxx") and " ... " in long and len(long) == 300

@@ -20,6 +20,7 @@ inside `record` only.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List
 
 import numpy as np
@@ -53,6 +54,21 @@ def switch_off_random_layers(model) -> List[str]:
             )
             setattr(layer, attribute, 0.0)
     return switched
+
+
+def error_text(err: BaseException, limit: int = 700) -> str:
+    """The error in one line: its type and message, without the traceback TensorFlow puts in
+    front of a message from inside a tf.function ("in user code: File ...")."""
+    message = re.sub(r"\x1b\[[0-9;]*m", "", str(err))  # Keras' bold and colours
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    causes = [i for i, line in enumerate(lines) if re.match(r"^[A-Z]\w*(Error|Exception): ", line)]
+    if "in user code:" in message and causes:
+        lines = lines[causes[-1] :]
+        head = ""
+    else:
+        head = f"{type(err).__name__}: "
+    text = head + " ".join(" ".join(lines).split())
+    return text if len(text) <= limit else f"{text[: limit - 205]} ... {text[-200:]}"
 
 
 def _name(variable) -> str:
@@ -205,11 +221,5 @@ def record(strategy, build_model, data, options: dict, initial_weights=None) -> 
             callbacks=[Recorder()],
         )
     except Exception as err:  # the comparison reports it, with the step it happened at
-        text = " ".join(str(err).split())  # Keras' messages span lines; the cause is often last
-        if len(text) > 700:
-            text = f"{text[:200]} ... {text[-500:]}"
-        recording["error"] = {
-            "step": len(recording["steps"]) + 1,
-            "text": f"{type(err).__name__}: {text}",
-        }
+        recording["error"] = {"step": len(recording["steps"]) + 1, "text": error_text(err)}
     return recording
