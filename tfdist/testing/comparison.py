@@ -68,6 +68,7 @@ class Divergence:
     step: int
     differences: List[Difference]
     error: str = ""  # the run failed here instead
+    variables_compared: bool = True  # False where the run recorded no variables (ps steps)
 
 
 def _fmt(value: float) -> str:
@@ -165,7 +166,8 @@ def first_divergence(reference: dict, run: dict, rtol: float, atol: float) -> Op
             return Divergence(_where(key, entry), step, [], "no record of this point")
         differences = _compare(reference, run, entry, theirs[key], rtol, atol)
         if differences:
-            return Divergence(_where(key, entry), step, differences)
+            compared = "values" in entry and "values" in theirs[key]
+            return Divergence(_where(key, entry), step, differences, variables_compared=compared)
     if run.get("error"):
         return Divergence(
             f"at step {run['error']['step']}", run["error"]["step"], [], run["error"]["text"]

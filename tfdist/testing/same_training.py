@@ -87,7 +87,7 @@ class TrainingComparison:
                 lines.append(f"    also {more.describe()}")
             if len(rest) > 6:
                 lines.append(f"    and {len(rest) - 6} more quantities at that point")
-            hint = _hint(found.differences)
+            hint = _hint(found)
             if hint:
                 lines.append(f"    HINT: {hint}")
         switched = ref.get("switched_off") or []
@@ -130,15 +130,16 @@ class TrainingComparison:
         return "\n".join(lines[:1] + ["  ".join("-" * w for w in widths)] + lines[1:])
 
 
-def _hint(differences: List[comparison.Difference]) -> str:
+def _hint(found: comparison.Divergence) -> str:
     """What the differences at the first point usually mean, when it is recognisable."""
+    differences = found.differences
     names = [d.quantity.lower() for d in differences if d.group in ("weight", "optimizer")]
     if any("moving_" in name for name in names):
         return (
             "BatchNormalization normalises each replica's batch on its own: use "
             "BatchNormalization(synchronized=True) to normalise the global batch."
         )
-    if differences and {d.group for d in differences} <= {"metric", "log"}:
+    if found.variables_compared and {d.group for d in differences} <= {"metric", "log"}:
         return "the weights agree here: the replicas' losses or metrics are summed differently."
     return ""
 
