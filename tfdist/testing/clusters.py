@@ -102,9 +102,7 @@ def run_cluster(
         call_file = os.path.join(tmp, "call.pkl")
         with open(call_file, "wb") as f:
             pickle.dump((tuple(args), dict(kwargs or {})), f)
-        paths = [os.path.dirname(source)] if source else []
-        paths += [p for p in sys.path if p and os.path.isdir(p)]
-        extra = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+        extra = {"PYTHONPATH": child_pythonpath(*([os.path.dirname(source)] if source else []))}
         extra.update(env or {})
         plans = plan_job(
             "tfdist.launcher.run_function",
@@ -120,6 +118,13 @@ def run_cluster(
     if check and not result.ok:
         raise ClusterRunError(_report(fn, result, runs, timeout))
     return runs
+
+
+def child_pythonpath(*first: str) -> str:
+    """A PYTHONPATH with which a child process imports what this one does: `first`, then this
+    process's sys.path (existing directories, each once)."""
+    paths = [*first, *(p for p in sys.path if p and os.path.isdir(p))]
+    return os.pathsep.join(dict.fromkeys(paths))
 
 
 def function_reference(fn: Callable, caller: str = "run_cluster"):

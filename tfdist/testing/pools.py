@@ -25,7 +25,6 @@ import collections
 import dataclasses
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -34,6 +33,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tfdist import settings
 from tfdist.launcher.job import plan_job, run_job
+from tfdist.testing.clusters import child_pythonpath
 
 __all__ = ["STRATEGIES", "PoolError", "Reply", "StrategyPool", "close_pools", "pool_for"]
 
@@ -125,8 +125,7 @@ class StrategyPool:
         return bool(self._connections) and self._job is not None and self._job.is_alive()
 
     def _plans(self, address: str, key: str):
-        paths = [p for p in sys.path if p and os.path.isdir(p)]
-        extra = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), settings.POOL_KEY.name: key}
+        extra = {"PYTHONPATH": child_pythonpath(), settings.POOL_KEY.name: key}
         extra.update(self.env)
         plans = plan_job(
             "tfdist.testing.strategy_server",
