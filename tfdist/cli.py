@@ -3,6 +3,7 @@
     tfdist env [--json]                      versions, devices, cluster, the "auto" strategy
     tfdist tf-config --worker h:p,h:p ...    TF_CONFIG of one task, or of every task (--all)
     tfdist launch --workers 2 train.py ...   run a script as a local multi-process job
+    tfdist horovodrun -np 2 python train.py  run a Horovod script as a local job (tfdist.horovod)
     tfdist serve                             run this task as a parameter-server job's server
     tfdist doctor                            env report + a real 2-process smoke test
     tfdist verify model.py                   train the script's model under every strategy:
@@ -193,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     lau.add_argument("target", metavar="TARGET", help="the script (or module with -m)")
     lau.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
+    _horovodrun_parser(sub)
+
     sub.add_parser("serve", help="run this task (from TF_CONFIG) as a worker/ps server")
 
     doc = sub.add_parser("doctor", help="environment report plus a real 2-process smoke test")
@@ -234,6 +237,52 @@ def build_parser() -> argparse.ArgumentParser:
         help="leave Dropout and noise layers on (default: their rate is set to 0 in every run)",
     )
     return parser
+
+
+def _horovodrun_parser(sub) -> None:
+    hvd = sub.add_parser(
+        "horovodrun",
+        help="run a Horovod script (import horovod.tensorflow...) as a local multi-process job",
+        description="horovodrun's common flags; the processes run on this machine, over "
+        "TensorFlow's collectives (tfdist.horovod). Tuning and transport flags are accepted "
+        "and have no effect.",
+        allow_abbrev=False,  # the script's own flags (--out) are not prefixes of these
+    )
+    hvd.add_argument("-np", "--num-proc", "--num_proc", dest="num_proc", type=int, required=True)
+    hvd.add_argument("-H", "--hosts", help="this machine's slots, e.g. localhost:2")
+    hvd.add_argument("--hostfile", "--host-file", help="a hostfile (`localhost slots=2`)")
+    hvd.add_argument(
+        "--start-timeout",
+        "--start_timeout",
+        type=_seconds,
+        help="seconds for every process to join (TFDIST_STARTUP_TIMEOUT)",
+    )
+    hvd.add_argument(
+        "--output-filename", "--output_filename", help="also write each process's output here"
+    )
+    hvd.add_argument("--verbose", action="store_true", help="show TensorFlow's start-up logs")
+    hvd.add_argument("--timeline-filename", "--timeline_filename", help="refused: no timeline")
+    hvd.add_argument(
+        "--timeout", type=_seconds, default=None, help="stop the job after SECONDS (> 0)"
+    )
+    for flag in ("--gloo", "--mpi", "--jsrun", "--disable-cache", "--autotune"):
+        hvd.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    for flag in (
+        "-p",
+        "--ssh-port",
+        "--ssh-identity-file",
+        "--network-interface",
+        "--network-interfaces",
+        "--fusion-threshold-mb",
+        "--cycle-time-ms",
+        "--cache-capacity",
+        "--mpi-args",
+        "--log-level",
+    ):
+        hvd.add_argument(flag, help=argparse.SUPPRESS)
+    for flag in ("--hierarchical-allreduce", "--hierarchical-allgather", "--timeline-mark-cycles"):
+        hvd.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    hvd.add_argument("program", nargs=argparse.REMAINDER, help="python train.py ARGS")
 
 
 def _positive_int(text: str) -> int:
@@ -455,6 +504,28 @@ def _cmd_launch(args) -> int:
     return exit_code(result)
 
 
+def _cmd_horovodrun(args) -> int:
+    from tfdist.horovod import run, shim
+    from tfdist.launcher.outcome import exit_code
+    from tfdist.launcher.restarts import _launch
+
+    try:
+        launch = run.launch_settings(args)
+    except run.HorovodrunError as err:
+        print(f"tfdist horovodrun: error: {err}", file=sys.stderr)
+        return 2
+    real = shim.real_horovod()
+    if real is not None:
+        print(
+            f"tfdist horovodrun: warning: Horovod is installed ({real.origin}); the script's "
+            "`import horovod` gets it, not tfdist's API, and its processes will not find each "
+            "other here. HINT: import tfdist.horovod.tensorflow as hvd in the script, or "
+            "uninstall horovod.",
+            file=sys.stderr,
+        )
+    return exit_code(_launch(**launch))
+
+
 def _cmd_serve(args) -> int:
     from tfdist.strategy import serve
 
@@ -604,6 +675,7 @@ _COMMANDS = {
     "env": _cmd_env,
     "tf-config": _cmd_tf_config,
     "launch": _cmd_launch,
+    "horovodrun": _cmd_horovodrun,
     "serve": _cmd_serve,
     "doctor": _cmd_doctor,
     "verify": _cmd_verify,

@@ -315,6 +315,16 @@ VERBOSE = Setting(
     "`tfdist launch`, `tfdist.launch`",
     "`0`",
 )
+HOROVOD_SHIM = Setting(
+    "TFDIST_HOROVOD_SHIM",
+    _flag,
+    False,
+    "`1` makes `import horovod...` give tfdist's Horovod API (`tfdist.horovod`) in the tasks "
+    "of a local job, where Horovod itself is not installed (an installed Horovod always wins); "
+    "`tfdist horovodrun` sets it",
+    "the start-up module of `tfdist launch` and `tfdist horovodrun` tasks",
+    "`0`",
+)
 
 SETTINGS = (
     STRATEGY,
@@ -331,6 +341,7 @@ SETTINGS = (
     POOL_KEY,
     NETWORK_NAMESPACE,
     VERBOSE,
+    HOROVOD_SHIM,
 )
 
 

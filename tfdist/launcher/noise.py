@@ -42,6 +42,7 @@ _HARMLESS = re.compile(
             r"Could not find cuda drivers",
             r"Unable to destroy server_ object, so releasing instead",
             r"Using CollectiveAllReduceStrategy eagerly has significant overhead",
+            r"oneDNN supports DT_HALF only on platforms with AVX-512",
             r"will not be optimized because the dataset does not implement the "
             r"AsGraphDefInternal\(\) method",
         )

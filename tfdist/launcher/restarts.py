@@ -268,8 +268,10 @@ def _launch(
     check: bool = False,
     verbose: Optional[bool] = None,
     grow: Optional[threading.Event] = None,
+    python: Optional[str] = None,
 ) -> JobResult:
-    """`launch`, returning the JobResult of the last attempt (the CLI's exit code needs it)."""
+    """`launch`, returning the JobResult of the last attempt (the CLI's exit code needs it);
+    `python` is the tasks' interpreter (default: this one)."""
     if not is_count(max_restarts):
         raise ValueError(
             f"max_restarts must be a non-negative integer. Received: "
@@ -339,6 +341,7 @@ def _launch(
                 evaluator=evaluator,
                 module=module,
                 extra_env=extra_env,
+                python=python,
             )
             result = run_job(
                 plans,
