@@ -38,6 +38,9 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--warmup-epochs", type=int, default=1)
     parser.add_argument("--compression", choices=("none", "fp16", "bf16"), default="none")
+    parser.add_argument(
+        "--backward-passes-per-step", type=int, default=1, help="apply every N steps"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="hvd_fit")
     args = parser.parse_args()
@@ -54,7 +57,12 @@ def main():
         ]
     )
     opt = tf.keras.optimizers.SGD(learning_rate=args.lr, momentum=0.9)
-    opt = hvd.DistributedOptimizer(opt, compression=getattr(hvd.Compression, args.compression))
+    opt = hvd.DistributedOptimizer(
+        opt,
+        compression=getattr(hvd.Compression, args.compression),
+        backward_passes_per_step=args.backward_passes_per_step,
+        average_aggregated_gradients=True,
+    )
     model.compile(loss="sparse_categorical_crossentropy", optimizer=opt, metrics=["accuracy"])
 
     callbacks = [
@@ -80,7 +88,14 @@ def main():
     np.savez(os.path.join(args.out, f"weights-rank{hvd.rank()}.npz"), *model.get_weights())
     logs = {k: [float(v) for v in values] for k, values in history.history.items()}
     with open(os.path.join(args.out, f"history-rank{hvd.rank()}.json"), "w") as f:
-        json.dump({"history": logs, "payload_bytes": hvd.payload_bytes()}, f)
+        json.dump(
+            {
+                "history": logs,
+                "iterations": int(model.optimizer.iterations.numpy()),
+                "payload_bytes": hvd.payload_bytes(),
+            },
+            f,
+        )
     print(f"rank {hvd.rank()} of {hvd.size()}: loss {logs['loss'][-1]:.4f}")
 
 
