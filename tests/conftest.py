@@ -105,6 +105,7 @@ SCENARIOS = {
     "multi_worker: SIGTERM, exact resume": ["cluster/test_preemption.py::"],
     "multi_worker: elastic, 3 -> 2 -> 3 workers": ["cluster/test_elastic.py::"],
     "testing: assert_same_training on every strategy": ["cluster/test_same_training.py::"],
+    "horovod: Horovod scripts under tfdist horovodrun": ["cluster/test_horovod_jobs.py::"],
     "parameter_server: SIGTERM to the chief, exact resume": [
         "cluster/test_preemption_parameter_server.py::"
     ],

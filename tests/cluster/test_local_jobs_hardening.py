@@ -359,6 +359,8 @@ NOISE = [
     "I0000 00:00:1796148400.759555   23634 cudart_stub.cc:31] Could not find cuda drivers on your",
     "E0000 00:00:1796148414.960762   23634 cuda_platform.cc:52] failed call to cuInit: INTERNAL: "
     "CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)",
+    "E0000 00:00:1796193464.242390   32021 util.cc:131] oneDNN supports DT_HALF only on "
+    "platforms with AVX-512. Falling back to the default Eigen-based implementation if present.",
     "I0000 00:00:1796148415.142312   23634 grpc_server_lib.cc:467] Started server with target: "
     "grpc://127.0.0.1:50677",
     "2026-12-01 18:06:44.175066: I tensorflow/core/util/port.cc:113] oneDNN custom operations",
