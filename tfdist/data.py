@@ -575,7 +575,7 @@ class _Settings:
         return _for_small_hosts(dataset)
 
 
-def usable_cores() -> int:
+def _usable_cores() -> int:
     """The CPU cores this process may run on (its affinity), else the machine's count."""
     import os
 
@@ -588,7 +588,7 @@ def usable_cores() -> int:
 def _for_small_hosts(dataset):
     """Autotuning off on hosts with at most SMALL_HOST_CORES usable cores, unless the
     dataset's options already decide it (the user's choice stays)."""
-    if usable_cores() > SMALL_HOST_CORES or dataset.options().autotune.enabled is not None:
+    if _usable_cores() > SMALL_HOST_CORES or dataset.options().autotune.enabled is not None:
         return dataset
     import tensorflow as tf
 

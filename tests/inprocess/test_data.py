@@ -186,7 +186,7 @@ def test_autotuning_is_off_on_small_hosts_unless_the_dataset_says_otherwise(tfre
     it adds no other tf.data option (nor a prefetch), and the options a user set stay."""
 
     def options_of(dataset, cores, **kwargs):
-        monkeypatch.setattr(tfdata, "usable_cores", lambda: cores)
+        monkeypatch.setattr(tfdata, "_usable_cores", lambda: cores)
         out = dataset_fn_for(dataset, 4, **kwargs)(context())
         assert sorted(v for b in batches(out) for v in b) == list(range(20))
         return out.options()
