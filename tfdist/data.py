@@ -380,14 +380,7 @@ def dataset_fn_for(
             )
         structure, _ = _as_structure(data)
         if features is not None:
-            _check_records(_arrays_spec(structure), "data (arrays)")
-            if structure.dtype.kind == "S":
-                raise ValueError(
-                    f"features= with a numpy array of dtype {structure.dtype}: numpy's "
-                    "fixed-width bytes drop the trailing zero bytes of every value, which cuts "
-                    "serialized records that end in one. HINT: keep the records as "
-                    "np.array(records, dtype=object), or pass tf.data.TFRecordDataset(files)."
-                )
+            _check_record_arrays(structure)
         return _ArraysFn(structure, settings)
     _refuse_empty_dataset(data)
     if global_batch_size is None:
@@ -508,6 +501,18 @@ def _arrays_spec(structure):
         return tf.TensorSpec(array.shape[1:], dtype)
 
     return tf.nest.map_structure(spec, structure)
+
+
+def _check_record_arrays(structure) -> None:
+    """features= on arrays: one array of serialized records, not numpy fixed-width bytes."""
+    _check_records(_arrays_spec(structure), "data (arrays)")
+    if structure.dtype.kind == "S":
+        raise ValueError(
+            f"features= with a numpy array of dtype {structure.dtype}: numpy's fixed-width "
+            "bytes drop the trailing zero bytes of every value, which cuts serialized records "
+            "that end in one. HINT: keep the records as np.array(records, dtype=object), or "
+            "pass tf.data.TFRecordDataset(files)."
+        )
 
 
 def _check_records(element_spec, what: str) -> None:
@@ -967,6 +972,8 @@ def distribute_dataset(
         if global_batch_size is None:
             dataset_fn_for(data)  # raises the error that names the fix
         structure, _ = _as_structure(data)
+        if features is not None:
+            _check_record_arrays(structure)
         data = tf.data.Dataset.from_tensor_slices(structure)
     _refuse_empty_dataset(data)
     _check_features_container(features, map_fn)

@@ -356,6 +356,14 @@ def test_distribute_dataset_parses_global_batches_with_features(virtual_cpus, ex
     assert sorted(ids) == list(range(40)) and sizes[:4] == [4, 4, 4, 4]
     with pytest.raises(ValueError, match=r"features= needs unbatched examples"):
         distribute_dataset(records.batch(16), strategy, features=SPEC)
+    serialized = [r.numpy() for r in records]
+    with pytest.raises(ValueError, match=r"numpy's fixed-width bytes drop the trailing zero"):
+        distribute_dataset(np.array(serialized), strategy, 16, features=SPEC)
+    dist = distribute_dataset(
+        np.array(serialized, dtype=object), strategy, 16, features=SPEC, batch_map_fn=id_and_x
+    )
+    ids = [v for i, _ in dist for part in strategy.experimental_local_results(i) for v in part]
+    assert sorted(int(i) for i in ids) == list(range(40))
 
 
 @pytest.mark.parametrize(
