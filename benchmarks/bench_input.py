@@ -8,9 +8,14 @@ Measured in one run, on this host:
    tf.train.Example records (a 64-float feature vector and an int label):
    - naive: `from_tensor_slices(files).flat_map(TFRecordDataset).map(parse).batch(B)`
    - tfdist: `tfdist.dataset_fn_for(TFRecordDataset(files), B, map_fn=parse)` on one input
-     pipeline (parallel map / batch, AUTOTUNE prefetch), the same user parse function;
+     pipeline (the default per-record path), the same user parse function;
    - tfdist vectorized: `dataset_fn_for(TFRecordDataset(files), B, batch_map_fn=parse_batch)`,
      the parse written for a batch (`tf.io.parse_example`), run on whole batches in parallel;
+   - tfdist features: `dataset_fn_for(TFRecordDataset(files), B, features=SPEC,
+     batch_map_fn=lambda f: (f["x"], f["y"]))`, the feature spec alone, parsed per batch by
+     tfdist;
+   - tfdist autotuned: the tfdist case with `autotune.enabled=True` set on the dataset (tfdist
+     keeps it), to show what switching autotuning off on small hosts is worth;
    and the same for in-memory arrays (`from_tensor_slices((x, y)).batch(B)` vs
    `dataset_fn_for((x, y), B)`).
 2. Training throughput (examples/s, and examples per CPU-second of the process) of one Keras
@@ -37,6 +42,28 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 FEATURES = 64
 BATCH = 256
+
+
+def feature_spec() -> dict:
+    """The records' feature spec: 64 floats "x" and an int64 label "y"."""
+    import tensorflow as tf
+
+    return {
+        "x": tf.io.FixedLenFeature([FEATURES], tf.float32),
+        "y": tf.io.FixedLenFeature([], tf.int64),
+    }
+
+
+def cpu_model() -> str:
+    """The host's CPU model name, from /proc/cpuinfo ("unknown" elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
 
 
 def write_tfrecords(directory: str, examples: int, files: int) -> list:
@@ -67,11 +94,7 @@ def write_tfrecords(directory: str, examples: int, files: int) -> list:
 def parse(record):
     import tensorflow as tf
 
-    spec = {
-        "x": tf.io.FixedLenFeature([FEATURES], tf.float32),
-        "y": tf.io.FixedLenFeature([], tf.int64),
-    }
-    parsed = tf.io.parse_single_example(record, spec)
+    parsed = tf.io.parse_single_example(record, feature_spec())
     return parsed["x"], parsed["y"]
 
 
@@ -79,12 +102,13 @@ def parse_batch(records):
     """The same parse, vectorized over a batch of records (tf.io.parse_example)."""
     import tensorflow as tf
 
-    spec = {
-        "x": tf.io.FixedLenFeature([FEATURES], tf.float32),
-        "y": tf.io.FixedLenFeature([], tf.int64),
-    }
-    parsed = tf.io.parse_example(records, spec)
+    parsed = tf.io.parse_example(records, feature_spec())
     return parsed["x"], parsed["y"]
+
+
+def x_and_y(features):
+    """The parsed features dict of features= as the (x, y) pair the other cases yield."""
+    return features["x"], features["y"]
 
 
 def one_pass(dataset) -> tuple:
@@ -130,6 +154,8 @@ def bench_input(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="tfdist-bench-") as tmp:
         paths = write_tfrecords(tmp, args.examples, args.files)
         context = tf.distribute.InputContext(1, 0, 1)
+        autotuned = tf.data.Options()
+        autotuned.autotune.enabled = True
         cases = {
             "tfrecord naive": lambda: (
                 tf.data.Dataset.from_tensor_slices(paths)
@@ -142,6 +168,15 @@ def bench_input(args) -> dict:
             )(context),
             "tfrecord tfdist vectorized": lambda: dataset_fn_for(
                 tf.data.TFRecordDataset(paths), BATCH, batch_map_fn=parse_batch
+            )(context),
+            "tfrecord tfdist autotuned": lambda: dataset_fn_for(
+                tf.data.TFRecordDataset(paths).with_options(autotuned), BATCH, map_fn=parse
+            )(context),
+            "tfrecord tfdist features": lambda: dataset_fn_for(
+                tf.data.TFRecordDataset(paths),
+                BATCH,
+                features=feature_spec(),
+                batch_map_fn=x_and_y,
             )(context),
         }
         rng = np.random.default_rng(1)
@@ -215,17 +250,39 @@ def bench_training(args) -> dict:
 
 
 # The suite's rows (benchmarks/run.py): (scenario, tfdist case, alternative case, its name).
+# The last item is the target ratio (on the examples/s rows only).
 ROWS = (
-    ("input pipeline, TFRecord files", "tfrecord tfdist", "tfrecord naive", "naive tf.data"),
     (
-        "input pipeline, TFRecord files, vectorized parse",
+        "input pipeline, TFRecord files, map_fn (per record)",
+        "tfrecord tfdist",
+        "tfrecord naive",
+        "naive tf.data",
+        1.0,
+    ),
+    (
+        "input pipeline, TFRecord files, map_fn, autotuning on (dataset option)",
+        "tfrecord tfdist autotuned",
+        "tfrecord naive",
+        "naive tf.data",
+        None,
+    ),
+    (
+        "input pipeline, TFRecord files, batch_map_fn (parse_example)",
         "tfrecord tfdist vectorized",
         "tfrecord naive",
         "naive tf.data",
+        None,
     ),
-    ("input pipeline, in-memory arrays", "arrays tfdist", "arrays naive", "naive tf.data"),
+    (
+        "input pipeline, TFRecord files, features= (per batch)",
+        "tfrecord tfdist features",
+        "tfrecord naive",
+        "naive tf.data",
+        5.0,
+    ),
+    ("input pipeline, in-memory arrays", "arrays tfdist", "arrays naive", "naive tf.data", None),
 )
-DEFAULT = dict(repeats=5, examples=65536, files=8, train_steps=20)
+DEFAULT = dict(repeats=7, examples=65536, files=8, train_steps=20)
 QUICK = dict(repeats=3, examples=16384, files=4, train_steps=8)
 
 
@@ -254,10 +311,17 @@ def run(quick: bool = False) -> list:
     rows = []
     for suffix, key, unit in (("", "runs", "examples/s"), (" (CPU)", "cpu_runs", "examples/CPU-s")):
         inp, train = report["input"], report["training"]
-        for scenario, ours, theirs, name in ROWS:
+        for scenario, ours, theirs, name, target in ROWS:
             rows.append(
                 common.row(
-                    scenario + suffix, inp[ours][key], inp[theirs][key], name, unit, config=cfg
+                    scenario + suffix,
+                    inp[ours][key],
+                    inp[theirs][key],
+                    name,
+                    unit,
+                    target=None if suffix else target,
+                    config=cfg,
+                    cpu_model=report["cpu_model"],
                 )
             )
         rows.append(
@@ -278,7 +342,7 @@ def run(quick: bool = False) -> list:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=5, help="timed passes per case")
+    parser.add_argument("--repeats", type=int, default=7, help="timed passes per case")
     parser.add_argument("--examples", type=int, default=65536, help="TFRecord examples")
     parser.add_argument("--files", type=int, default=8, help="TFRecord files")
     parser.add_argument(
@@ -296,6 +360,7 @@ def main(argv=None) -> int:
         "input": bench_input(args),
         "training": bench_training(args),
         "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(),
     }
     inp, train = report["input"], report["training"]
     report["ratios"] = {
@@ -303,9 +368,17 @@ def main(argv=None) -> int:
         / inp["tfrecord naive"]["median"],
         "tfrecord tfdist vectorized / naive": inp["tfrecord tfdist vectorized"]["median"]
         / inp["tfrecord naive"]["median"],
+        "tfrecord tfdist features / naive": inp["tfrecord tfdist features"]["median"]
+        / inp["tfrecord naive"]["median"],
+        "tfrecord tfdist autotuned / naive": inp["tfrecord tfdist autotuned"]["median"]
+        / inp["tfrecord naive"]["median"],
         "tfrecord tfdist / naive per CPU-second": inp["tfrecord tfdist"]["per_cpu_second"]
         / inp["tfrecord naive"]["per_cpu_second"],
         "tfrecord vectorized / naive per CPU-second": inp["tfrecord tfdist vectorized"][
+            "per_cpu_second"
+        ]
+        / inp["tfrecord naive"]["per_cpu_second"],
+        "tfrecord features / naive per CPU-second": inp["tfrecord tfdist features"][
             "per_cpu_second"
         ]
         / inp["tfrecord naive"]["per_cpu_second"],
@@ -323,7 +396,10 @@ def main(argv=None) -> int:
     from tfdist.precision import auto_precision
 
     auto = auto_precision()
-    print(f"host: {os.cpu_count()} CPU(s); auto precision: {auto['policy']} ({auto['reason']})")
+    print(
+        f"host: {report['cpu_model']}, {os.cpu_count()} CPU(s); auto precision: "
+        f"{auto['policy']} ({auto['reason']})"
+    )
     print(
         f"input pipeline, examples/s (median of {args.repeats}, batch {BATCH}, "
         f"{args.examples} examples, {args.files} TFRecord files):"

@@ -24,9 +24,10 @@ import collections.abc
 import dataclasses
 import logging
 import math
+import re
 import threading
 import warnings
-from typing import Callable, Optional, Tuple
+from typing import Callable, Mapping, Optional, Tuple
 
 from tfdist.errors import is_count, is_int
 
@@ -42,6 +43,11 @@ log = logging.getLogger("tfdist")
 
 # Shuffle buffer for datasets whose size is unknown or large (examples).
 DEFAULT_SHUFFLE_BUFFER = 10_000
+# Hosts with at most this many usable cores get tf.data's autotuning switched off (unless the
+# dataset's options say otherwise): there, its model and background thread cost more than its
+# choices gain, and a map with num_parallel_calls=AUTOTUNE runs one call per core instead
+# (benchmarks/README.md, bench_input: measured on 2 cores).
+SMALL_HOST_CORES = 2
 # Used when shuffle=True, seed=None and the shards are taken *after* the shuffle (DATA
 # sharding of a dataset on several workers): every worker must shuffle in the same order, or
 # the shards would overlap. Each epoch still reshuffles.
@@ -241,17 +247,6 @@ def steps_per_pass(data, global_batch_size: Optional[int] = None) -> Optional[in
     return max(1, math.ceil(cardinality / global_batch_size))
 
 
-def _optimize(dataset):
-    """Parallel map / batch and AUTOTUNE, as tf.data options (they apply to user maps too)."""
-    import tensorflow as tf
-
-    options = tf.data.Options()
-    options.autotune.enabled = True
-    options.experimental_optimization.map_parallelization = True
-    options.experimental_optimization.parallel_batch = True
-    return dataset.with_options(options)
-
-
 def _shuffle_buffer(dataset, shuffle_buffer: Optional[int], size: Optional[int] = None) -> int:
     """The explicit buffer, else the dataset size when known and small enough, else 10000.
 
@@ -308,14 +303,14 @@ def dataset_fn_for(
     map_fn: Optional[Callable] = None,
     batch_map_fn: Optional[Callable] = None,
     shuffle_buffer: Optional[int] = None,
+    features: Optional[Mapping] = None,
 ) -> Callable:
     """A `dataset_fn(input_context)` that reads this pipeline's shard, batched per replica.
 
     For `strategy.distribute_datasets_from_function` and
     `ClusterCoordinator.create_per_worker_dataset` (parameter_server). The function shards
     per input pipeline (`input_context.num_input_pipelines` / `input_pipeline_id`), then
-    batches per replica (global batch / replicas), with parallel map/batch and AUTOTUNE
-    prefetching.
+    batches per replica (global batch / replicas); maps run in parallel, order kept.
 
     Args:
         data: one of
@@ -338,21 +333,44 @@ def dataset_fn_for(
             Defaults to None.
         shuffle_buffer: int. Defaults to the dataset size when known (up to 100000), else
             10000.
+        features: dict of feature name -> `tf.io.FixedLenFeature`, `VarLenFeature`,
+            `FixedLenSequenceFeature`, `SparseFeature` or `RaggedFeature`, for data of
+            serialized `tf.train.Example` records (e.g. a `TFRecordDataset`). Each
+            per-replica batch of records is parsed at once with `tf.io.parse_example`, into a
+            dict of feature name -> batched tensor; `batch_map_fn`, if given, receives that
+            dict (e.g. to split off the label). Several times faster than parsing record by
+            record in `map_fn`, which cannot be combined with it. Defaults to None.
 
     Returns:
         Callable[[tf.distribute.InputContext], tf.data.Dataset]
 
     Raises:
         TypeError / ValueError: data of another kind, arrays of different lengths, a missing
-            or indivisible global batch size.
+            or indivisible global batch size, a bad `features` spec or data that are not
+            serialized records.
     """
+    _check_features_container(features, map_fn)
     kind = _kind(data)
     if kind == "function":
+        if features is not None:
+            raise ValueError(
+                "features= parses the records of a dataset tfdist builds, but data is a "
+                f"dataset_fn ({data!r}), which is returned as is. HINT: pass the unbatched "
+                "dataset of records (e.g. tf.data.TFRecordDataset(files)) as data, or parse "
+                "inside your function with tf.io.parse_example after its batch()."
+            )
         return data
     if global_batch_size is not None:
         per_replica_batch_size(global_batch_size, 1)  # type and range, before any graph work
     settings = _Settings(
-        global_batch_size, shuffle, seed, repeat, map_fn, batch_map_fn, shuffle_buffer
+        global_batch_size,
+        shuffle,
+        seed,
+        repeat,
+        map_fn,
+        batch_map_fn,
+        shuffle_buffer,
+        _check_features(features),
     )
     if kind == "arrays":
         if global_batch_size is None:
@@ -361,21 +379,157 @@ def dataset_fn_for(
                 "(the batch over all replicas), e.g. 32 x the number of replicas."
             )
         structure, _ = _as_structure(data)
+        if features is not None:
+            _check_record_arrays(structure)
         return _ArraysFn(structure, settings)
     _refuse_empty_dataset(data)
     if global_batch_size is None:
-        _refuse_on_batched(shuffle, map_fn, batch_map_fn)
+        _refuse_on_batched(shuffle, map_fn, batch_map_fn, features)
+    if features is not None:
+        _check_records(data.element_spec, "data")
     return _DatasetFn(data, settings)
 
 
-def _refuse_on_batched(shuffle, map_fn, batch_map_fn) -> None:
+def _refuse_on_batched(shuffle, map_fn, batch_map_fn, features=None) -> None:
     for given, what in (
         (shuffle, "shuffle=True"),
         (map_fn is not None, "map_fn="),
         (batch_map_fn is not None, "batch_map_fn="),
+        (features is not None, "features="),
     ):
         if given:
             raise _no_batched_shuffle(what)
+
+
+# ------------------------------------------------------------- features: per-batch parsing
+
+_FEATURE_TYPES = (
+    "FixedLenFeature",
+    "VarLenFeature",
+    "FixedLenSequenceFeature",
+    "SparseFeature",
+    "RaggedFeature",
+)
+
+
+def _check_features_container(features, map_fn) -> None:
+    """The checks of `features` that need no TensorFlow: a non-empty dict with str keys."""
+    if features is None:
+        return
+    if not isinstance(features, Mapping):
+        raise TypeError(
+            "features must be a dict of feature name -> tf.io.FixedLenFeature / "
+            f"VarLenFeature / ... . Received: features={features!r} (of type "
+            f"{type(features).__name__}). HINT: e.g. features={{'x': "
+            "tf.io.FixedLenFeature([64], tf.float32), 'y': tf.io.FixedLenFeature([], "
+            "tf.int64)}."
+        )
+    if not features:
+        raise ValueError(
+            "features is an empty dict, so no feature would be parsed. HINT: name every "
+            "feature of the tf.train.Example records to read, e.g. {'x': "
+            "tf.io.FixedLenFeature([64], tf.float32)}; or leave features=None."
+        )
+    for name in features:
+        if not isinstance(name, str) or not name:
+            raise TypeError(
+                f"features keys are the feature names of the tf.train.Example records (non-"
+                f"empty str). Received the key {name!r} (of type {type(name).__name__}). "
+                "HINT: use the name under which the feature was written, e.g. 'x'."
+            )
+    if map_fn is not None:
+        raise ValueError(
+            f"features= and map_fn= cannot be combined: map_fn ({map_fn!r}) maps single "
+            "records before batching, features= parses whole batches of records after "
+            "batching, so map_fn would see serialized records. HINT: transform the parsed "
+            "batch with batch_map_fn= (it receives the dict of parsed features, e.g. "
+            "batch_map_fn=lambda f: (f['x'], f['y'])), or parse per record in map_fn and "
+            "drop features=."
+        )
+
+
+def _check_features(features):
+    """`features` as a plain dict, each value checked: a tf.io feature TensorFlow can parse.
+
+    Parses an empty batch with each feature once, so that a feature tf.io.parse_example
+    refuses fails here with its name, not later inside a dataset's trace.
+    """
+    if features is None:
+        return None
+    import tensorflow as tf
+
+    spec = dict(features)
+    allowed = tuple(getattr(tf.io, name) for name in _FEATURE_TYPES)
+    for name, feature in spec.items():
+        if not isinstance(feature, allowed):
+            raise TypeError(
+                f"features[{name!r}] is {feature!r} (of type {type(feature).__name__}), not a "
+                "tf.io feature. HINT: describe each feature with one of tf.io."
+                f"{', tf.io.'.join(_FEATURE_TYPES)}, e.g. features[{name!r}] = "
+                "tf.io.FixedLenFeature([], tf.int64)."
+            )
+        dtype = getattr(feature, "dtype", None)
+        if dtype is not None and tf.as_dtype(dtype) not in (tf.float32, tf.int64, tf.string):
+            raise ValueError(
+                f"features[{name!r}] has dtype {tf.as_dtype(dtype).name}, but tf.train.Example "
+                "stores only float32 (FloatList), int64 (Int64List) and string (BytesList). "
+                f"HINT: parse it as one of those (e.g. tf.io.FixedLenFeature(shape, "
+                "tf.float32)) and cast it in batch_map_fn=."
+            )
+    for name, feature in spec.items():
+        try:
+            tf.io.parse_example(tf.constant([], tf.string), {name: feature})
+        except (ValueError, TypeError, tf.errors.OpError) as err:
+            reason = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:\w+\]", "", str(err)).strip()
+            reason = reason.splitlines()[-1].rstrip(".") if reason else type(err).__name__
+            raise ValueError(
+                f"features[{name!r}] = {feature!r} is not a feature tf.io.parse_example "
+                f"accepts: {reason}. HINT: a FixedLenFeature needs a fully known shape (e.g. "
+                "[64], or [] for a scalar) and a default_value of that shape if any; a "
+                "FixedLenSequenceFeature needs allow_missing=True; for a feature of varying "
+                "length use tf.io.VarLenFeature or tf.io.RaggedFeature."
+            ) from None
+    return spec
+
+
+def _arrays_spec(structure):
+    import tensorflow as tf
+
+    def spec(array):
+        kind = array.dtype.kind
+        dtype = tf.string if kind in "SOU" else tf.as_dtype(array.dtype)
+        return tf.TensorSpec(array.shape[1:], dtype)
+
+    return tf.nest.map_structure(spec, structure)
+
+
+def _check_record_arrays(structure) -> None:
+    """features= on arrays: one array of serialized records, not numpy fixed-width bytes."""
+    _check_records(_arrays_spec(structure), "data (arrays)")
+    if structure.dtype.kind == "S":
+        raise ValueError(
+            f"features= with a numpy array of dtype {structure.dtype}: numpy's fixed-width "
+            "bytes drop the trailing zero bytes of every value, which cuts serialized records "
+            "that end in one. HINT: keep the records as np.array(records, dtype=object), or "
+            "pass tf.data.TFRecordDataset(files)."
+        )
+
+
+def _check_records(element_spec, what: str) -> None:
+    """features= parses serialized records: the examples must be scalar tf.string."""
+    import tensorflow as tf
+
+    if not (
+        isinstance(element_spec, tf.TensorSpec)
+        and element_spec.dtype == tf.string
+        and element_spec.shape.rank in (0, None)
+    ):
+        raise ValueError(
+            f"features= parses serialized tf.train.Example records, so {what} must yield "
+            f"one scalar tf.string per example. Received examples of {element_spec!r}. "
+            "HINT: pass the records themselves (e.g. tf.data.TFRecordDataset(files)), or, "
+            "for examples already parsed, drop features= (and use map_fn= / batch_map_fn=)."
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -387,9 +541,16 @@ class _Settings:
     map_fn: Optional[Callable]
     batch_map_fn: Optional[Callable]
     shuffle_buffer: Optional[int]
+    features: Optional[dict] = None
 
     def finish(self, dataset, per_replica: int, size: Optional[int] = None):
-        """map -> shuffle -> repeat -> batch -> batch map -> prefetch, on unbatched examples."""
+        """map -> shuffle -> repeat -> batch -> parse -> batch map, on unbatched examples.
+
+        No prefetch of tfdist's own: TensorFlow's defaults already parallelize stateless
+        maps, fuse map and batch, and prefetch after a last synchronous step, and the
+        strategy prefetches to its devices. On a small host, autotuning is off
+        (`_for_small_hosts`).
+        """
         import tensorflow as tf
 
         if self.map_fn is not None:
@@ -405,11 +566,40 @@ class _Settings:
         if self.repeat:
             dataset = dataset.repeat()
         dataset = dataset.batch(per_replica)
+        if self.features is not None:
+            features = self.features
+            dataset = dataset.map(
+                lambda records: tf.io.parse_example(records, features),
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True,
+            )
         if self.batch_map_fn is not None:
             dataset = dataset.map(
                 self.batch_map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
             )
-        return _optimize(dataset.prefetch(tf.data.AUTOTUNE))
+        return _for_small_hosts(dataset)
+
+
+def _usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity), else the machine's count."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _for_small_hosts(dataset):
+    """Autotuning off on hosts with at most SMALL_HOST_CORES usable cores, unless the
+    dataset's options already decide it (the user's choice stays)."""
+    if _usable_cores() > SMALL_HOST_CORES or dataset.options().autotune.enabled is not None:
+        return dataset
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
 
 
 class _ArraysFn:
@@ -467,7 +657,7 @@ class _DatasetFn:
                 dataset = dataset.shard(pipelines, index)
             if self.settings.repeat:
                 dataset = dataset.repeat()
-            return _optimize(dataset.prefetch(tf.data.AUTOTUNE))
+            return dataset
         batch = per_replica_batch_size(self.settings.global_batch_size, replicas)
         if pipelines > 1:
             policy, reason = shard_policy(dataset, pipelines)
@@ -711,8 +901,9 @@ def distribute_dataset(
     shuffle_buffer: Optional[int] = None,
     repeat: bool = False,
     options=None,
+    features: Optional[Mapping] = None,
 ):
-    """Shards, batches and prefetches `data` for `strategy` (mirrored, multi_worker_mirrored).
+    """Shards and batches `data` for `strategy` (mirrored, multi_worker_mirrored).
 
     Every worker of a multi-worker job calls it, in the same order. One epoch over the
     result sees every example exactly once across the workers.
@@ -736,13 +927,16 @@ def distribute_dataset(
         repeat: bool. Repeat forever (examples are batched across the end of a pass), for
             a fixed number of steps per epoch. Defaults to False.
         options: tf.distribute.InputOptions, passed to TensorFlow. Defaults to None.
+        features: dict of feature name -> tf.io feature: parse each global batch of
+            serialized tf.train.Example records with `tf.io.parse_example` before
+            `batch_map_fn` (see `dataset_fn_for`). Defaults to None.
 
     Returns:
         tf.distribute.DistributedDataset
 
     Raises:
-        ValueError: a parameter_server strategy, or a bad global batch size (see
-            `per_replica_batch_size`).
+        ValueError: a parameter_server strategy, a bad global batch size (see
+            `per_replica_batch_size`) or a bad `features` spec.
 
     Warns:
         UserWarning (once, chief only): DATA sharding on several workers, and why.
@@ -771,24 +965,39 @@ def distribute_dataset(
             map_fn=map_fn,
             batch_map_fn=batch_map_fn,
             shuffle_buffer=shuffle_buffer,
+            features=features,
         )
         return strategy.distribute_datasets_from_function(fn, options=options)
     if kind == "arrays":  # one worker: one global pipeline, whose size Keras can see
         if global_batch_size is None:
             dataset_fn_for(data)  # raises the error that names the fix
         structure, _ = _as_structure(data)
+        if features is not None:
+            _check_record_arrays(structure)
         data = tf.data.Dataset.from_tensor_slices(structure)
     _refuse_empty_dataset(data)
+    _check_features_container(features, map_fn)
+    if global_batch_size is None:
+        _refuse_on_batched(shuffle, map_fn, batch_map_fn, features)
+    if features is not None:
+        _check_records(data.element_spec, "data")
+    spec = _check_features(features)
     policy, reason = shard_policy(data, workers)
     _warn_data_sharding(policy, reason, workers)
     if global_batch_size is None:
-        _refuse_on_batched(shuffle, map_fn, batch_map_fn)
-        dataset = _optimize((data.repeat() if repeat else data).prefetch(tf.data.AUTOTUNE))
+        dataset = data.repeat() if repeat else data
     else:
         if shuffle and seed is None and policy == "DATA":
             seed = SHARED_SEED
         settings = _Settings(
-            global_batch_size, shuffle, seed, repeat, map_fn, batch_map_fn, shuffle_buffer
+            global_batch_size,
+            shuffle,
+            seed,
+            repeat,
+            map_fn,
+            batch_map_fn,
+            shuffle_buffer,
+            spec,
         )
         dataset = settings.finish(data, global_batch_size)
     shard_options = tf.data.Options()

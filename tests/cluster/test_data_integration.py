@@ -40,6 +40,11 @@ def parse_ids(records):
     return tf.io.parse_example(records, {"id": tf.io.FixedLenFeature([], tf.int64)})["id"]
 
 
+def ids_of(features):
+    """batch_map_fn after features=: the parsed dict -> its ids."""
+    return features["id"]
+
+
 def read_ids(paths):
     import tensorflow as tf
 
@@ -54,6 +59,7 @@ def collect_ids(directory):
     from tfdist.data import dataset_fn_for, distribute_dataset, shard_policy
 
     strategy = tfdist.make_strategy()
+    spec = {"id": tf.io.FixedLenFeature([], tf.int64)}
 
     def epochs(dist_ds, n=2):
         seen = []
@@ -87,6 +93,26 @@ def collect_ids(directory):
                     tf.data.TFRecordDataset(paths), strategy, GLOBAL_BATCH, batch_map_fn=parse_ids
                 )
             ),
+            "features": epochs(
+                distribute_dataset(
+                    tf.data.TFRecordDataset(paths),
+                    strategy,
+                    GLOBAL_BATCH,
+                    features=spec,
+                    batch_map_fn=ids_of,
+                )
+            ),
+            "dataset_fn features": epochs(
+                strategy.distribute_datasets_from_function(
+                    dataset_fn_for(
+                        tf.data.TFRecordDataset(paths),
+                        GLOBAL_BATCH,
+                        shuffle=True,
+                        features=spec,
+                        batch_map_fn=ids_of,
+                    )
+                )
+            ),
         }
     return result
 
@@ -98,7 +124,14 @@ def test_two_workers_see_every_example_exactly_once_per_epoch(run_cluster, tmp_p
     workers = [runs["worker:0"].value, runs["worker:1"].value]
     assert [workers[0][c]["policy"] for c in FILE_COUNTS] == ["DATA", "FILE", "FILE"]
     for count in FILE_COUNTS:
-        for way in ("unbatched+shuffle", "batched", "dataset_fn", "batch_map_fn"):
+        for way in (
+            "unbatched+shuffle",
+            "batched",
+            "dataset_fn",
+            "batch_map_fn",
+            "features",
+            "dataset_fn features",
+        ):
             for epoch in range(2):
                 ids = [workers[w][count][way][epoch] for w in range(2)]
                 merged = sorted(ids[0] + ids[1])

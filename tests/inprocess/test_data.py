@@ -58,6 +58,52 @@ def parse(record):
     return tf.ensure_shape(tf.io.parse_tensor(record, tf.int64), [])
 
 
+# Records of tf.train.Example: "id" (int64), "x" (2 floats), "tags" (0-2 strings).
+SPEC = {
+    "id": tf.io.FixedLenFeature([], tf.int64),
+    "x": tf.io.FixedLenFeature([2], tf.float32),
+    "tags": tf.io.VarLenFeature(tf.string),
+}
+
+
+@pytest.fixture
+def examples(tmp_path):
+    """make(n_files, examples=20) -> paths of tf.train.Example records; file j holds the ids
+    i with i % n_files == j."""
+
+    def make(n_files, examples=20):
+        paths = []
+        for j in range(n_files):
+            path = str(tmp_path / f"examples-{n_files}-{j}.tfrecord")
+            with tf.io.TFRecordWriter(path) as writer:
+                for i in range(j, examples, n_files):
+                    feature = {
+                        "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+                        "x": tf.train.Feature(
+                            float_list=tf.train.FloatList(value=[i / 2, -float(i)])
+                        ),
+                        "tags": tf.train.Feature(
+                            bytes_list=tf.train.BytesList(value=[b"t%d" % i] * (i % 3))
+                        ),
+                    }
+                    example = tf.train.Example(features=tf.train.Features(feature=feature))
+                    writer.write(example.SerializeToString())
+            paths.append(path)
+        return paths
+
+    return make
+
+
+def parse_example(record):
+    """Per record, the dense features only (a batch of VarLen features needs per-batch parsing)."""
+    parsed = tf.io.parse_single_example(record, {k: SPEC[k] for k in ("id", "x")})
+    return parsed["id"], parsed["x"]
+
+
+def id_and_x(features):
+    return features["id"], features["x"]
+
+
 # --------------------------------------------------------------- dataset_fn_for: arrays
 
 
@@ -133,9 +179,33 @@ def test_shuffle_and_repeat_of_arrays():
     assert dataset.cardinality() == tf.data.INFINITE_CARDINALITY
     first = [v for batch in batches(dataset.take(5)) for v in batch]  # one epoch of 20
     assert sorted(first) == list(range(0, 40, 2)) and first != sorted(first)
-    options = dataset.options()
-    assert options.experimental_optimization.map_parallelization
-    assert options.experimental_optimization.parallel_batch
+
+
+def test_autotuning_is_off_on_small_hosts_unless_the_dataset_says_otherwise(tfrecords, monkeypatch):
+    """On hosts of at most SMALL_HOST_CORES cores tfdist switches tf.data's autotuning off;
+    it adds no other tf.data option (nor a prefetch), and the options a user set stay."""
+
+    def options_of(dataset, cores, **kwargs):
+        monkeypatch.setattr(tfdata, "_usable_cores", lambda: cores)
+        out = dataset_fn_for(dataset, 4, **kwargs)(context())
+        assert sorted(v for b in batches(out) for v in b) == list(range(20))
+        return out.options()
+
+    records = tf.data.TFRecordDataset(tfrecords(2))
+    small = options_of(records, tfdata.SMALL_HOST_CORES, map_fn=parse)
+    assert small.autotune.enabled is False
+    assert small.experimental_optimization.parallel_batch is None  # TensorFlow's default
+    assert small.experimental_optimization.map_parallelization is None
+    assert options_of(records, 8, map_fn=parse).autotune.enabled is None  # TensorFlow's default
+    assert options_of(np.arange(20), 1).autotune.enabled is False  # arrays too
+    mine = tf.data.Options()
+    mine.autotune.enabled = True
+    mine.experimental_optimization.map_parallelization = False
+    mine.experimental_optimization.inject_prefetch = False
+    kept = options_of(records.with_options(mine), 2, map_fn=parse)
+    assert kept.autotune.enabled is True
+    assert kept.experimental_optimization.map_parallelization is False
+    assert kept.experimental_optimization.inject_prefetch is False
 
 
 def test_a_dataset_fn_is_returned_as_is_and_distributed_datasets_are_refused(virtual_cpus):
@@ -215,6 +285,168 @@ def test_batch_map_fn_maps_whole_per_replica_batches():
     assert shapes == [[None]]  # traced once, on batches
     with pytest.raises(ValueError, match=r"batch_map_fn= needs unbatched examples"):
         dataset_fn_for(tf.data.Dataset.range(10).batch(2), batch_map_fn=times_ten)
+
+
+def test_features_parse_whole_batches_into_the_same_batches_as_per_record_parsing(examples):
+    paths = examples(3)
+    per_record = dataset_fn_for(tf.data.TFRecordDataset(paths), 8, map_fn=parse_example)
+    per_batch = dataset_fn_for(
+        tf.data.TFRecordDataset(paths), 8, features=SPEC, batch_map_fn=id_and_x
+    )
+    for ctx in (context(), context(1, 0, 2)):
+        expected = [(i.numpy().tolist(), x.numpy().tolist()) for i, x in per_record(ctx)]
+        got = [(i.numpy().tolist(), x.numpy().tolist()) for i, x in per_batch(ctx)]
+        assert got == expected and len(got) == (3 if ctx.num_replicas_in_sync == 1 else 5)
+    # without batch_map_fn: the dict of parsed features, VarLen ones as sparse batches
+    first = next(iter(dataset_fn_for(tf.data.TFRecordDataset(paths), 8, features=SPEC)()))
+    assert sorted(first) == ["id", "tags", "x"]
+    assert first["x"].shape == (8, 2) and isinstance(first["tags"], tf.SparseTensor)
+    tags = tf.sparse.to_dense(first["tags"], default_value=b"").numpy()
+    for row, i in zip(tags, first["id"].numpy()):
+        assert [t for t in row if t] == [b"t%d" % i] * (i % 3)
+
+
+def test_features_with_shuffle_repeat_and_arrays_of_records(examples):
+    paths = examples(2, examples=12)
+    fn = dataset_fn_for(
+        tf.data.TFRecordDataset(paths),
+        4,
+        features=SPEC,
+        batch_map_fn=id_and_x,
+        shuffle=True,
+        seed=2,
+        repeat=True,
+    )
+    ids = [v for i, _ in fn(context()).take(6) for v in i.numpy().tolist()]
+    assert sorted(ids[:12]) == list(range(12)) and sorted(ids[12:]) == list(range(12))
+    assert ids[:12] != sorted(ids[:12]) and ids[:12] != ids[12:]
+    # a numpy array of serialized records: each pipeline slices its own
+    records = [r.numpy() for r in tf.data.TFRecordDataset(paths)]
+    with pytest.raises(ValueError, match=r"numpy array of dtype \|S\d+: numpy's fixed-width"):
+        dataset_fn_for(np.array(records), 4, features=SPEC)
+    records = np.array(records, dtype=object)
+    fn = dataset_fn_for(records, 4, features=SPEC, batch_map_fn=id_and_x)
+    halves = [[v for i, _ in fn(context(2, k, 2)) for v in i.numpy().tolist()] for k in (0, 1)]
+    assert sorted(halves[0] + halves[1]) == list(range(12)) and halves[0] and halves[1]
+
+
+@pytest.mark.parametrize("files", [3, 1])  # FILE sharding, then DATA sharding (one file)
+def test_features_shard_every_record_once_over_two_pipelines(examples, files):
+    fn = dataset_fn_for(
+        tf.data.TFRecordDataset(examples(files)), 4, features=SPEC, batch_map_fn=id_and_x
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DATA sharding of one file warns: tested above
+        seen = [[v for i, _ in fn(context(2, k, 2)) for v in i.numpy().tolist()] for k in (0, 1)]
+    assert sorted(seen[0] + seen[1]) == list(range(20))
+    assert seen[0] and seen[1] and not set(seen[0]) & set(seen[1])
+    if files == 3:  # each pipeline parsed only its own files' records
+        assert {i % 3 for i in seen[0]} == {0, 2} and {i % 3 for i in seen[1]} == {1}
+
+
+def test_distribute_dataset_parses_global_batches_with_features(virtual_cpus, examples):
+    strategy = tfdist.make_strategy("mirrored", cluster=SINGLE)
+    records = tf.data.TFRecordDataset(examples(2, examples=40))
+    dist = distribute_dataset(records, strategy, 16, features=SPEC, batch_map_fn=id_and_x)
+    ids, sizes = [], []
+    for ids_batch, _ in dist:
+        for part in strategy.experimental_local_results(ids_batch):
+            ids.extend(part.numpy().tolist())
+            sizes.append(len(part))
+    assert sorted(ids) == list(range(40)) and sizes[:4] == [4, 4, 4, 4]
+    with pytest.raises(ValueError, match=r"features= needs unbatched examples"):
+        distribute_dataset(records.batch(16), strategy, features=SPEC)
+    serialized = [r.numpy() for r in records]
+    with pytest.raises(ValueError, match=r"numpy's fixed-width bytes drop the trailing zero"):
+        distribute_dataset(np.array(serialized), strategy, 16, features=SPEC)
+    dist = distribute_dataset(
+        np.array(serialized, dtype=object), strategy, 16, features=SPEC, batch_map_fn=id_and_x
+    )
+    ids = [v for i, _ in dist for part in strategy.experimental_local_results(i) for v in part]
+    assert sorted(int(i) for i in ids) == list(range(40))
+
+
+@pytest.mark.parametrize(
+    "data, kwargs, error, match",
+    [
+        (
+            "records",
+            dict(features={"id": tf.io.FixedLenFeature([], tf.int32)}),
+            ValueError,
+            r"features\['id'\] has dtype int32, but tf\.train\.Example stores only float32 "
+            r"\(FloatList\), int64 \(Int64List\) and string \(BytesList\)\. HINT: parse it as "
+            r"one of those .* and cast it in batch_map_fn=",
+        ),
+        (
+            "records",
+            dict(features={"x": tf.io.FixedLenFeature([None], tf.float32)}),
+            ValueError,
+            r"features\['x'\] = FixedLenFeature\(shape=\[None\].* is not a feature "
+            r"tf\.io\.parse_example accepts: First dimension of shape for feature x unknown.*"
+            r"HINT: a FixedLenFeature needs a fully known shape",
+        ),
+        (
+            "records",
+            dict(features={"x": tf.io.FixedLenFeature([2], tf.float32, default_value=[1.0] * 3)}),
+            ValueError,
+            r"features\['x'\] = .* is not a feature tf\.io\.parse_example accepts: Input to "
+            r"reshape is a tensor with 3 values, but the requested shape has 2\. HINT",
+        ),
+        (
+            "records",
+            dict(features={"x": tf.io.FixedLenSequenceFeature([2], tf.float32)}),
+            ValueError,
+            r"features\['x'\] = .* requires allow_missing to be True\. HINT: .*"
+            r"a FixedLenSequenceFeature needs allow_missing=True",
+        ),
+        (
+            "records",
+            dict(features={"id": tf.int64}),
+            TypeError,
+            r"features\['id'\] is tf\.int64 \(of type DType\), not a tf\.io feature\. HINT: "
+            r"describe each feature with one of tf\.io\.FixedLenFeature, tf\.io\.VarLenFeature",
+        ),
+        (
+            "parsed",
+            dict(features=SPEC),
+            ValueError,
+            r"features= parses serialized tf\.train\.Example records, so data must yield one "
+            r"scalar tf\.string per example\. Received examples of \(TensorSpec.*HINT: pass "
+            r"the records themselves",
+        ),
+        (
+            "function",
+            dict(features=SPEC),
+            ValueError,
+            r"features= parses the records of a dataset tfdist builds, but data is a "
+            r"dataset_fn .* HINT: pass the unbatched dataset of records",
+        ),
+        (
+            "batched",
+            dict(features=SPEC),
+            ValueError,
+            r"features= needs unbatched examples: this dataset is taken as already batched",
+        ),
+        (
+            "arrays",
+            dict(features=SPEC),
+            ValueError,
+            r"so data \(arrays\) must yield one scalar tf\.string per example",
+        ),
+    ],
+)
+def test_bad_features_and_data_are_refused_with_the_fix(examples, data, kwargs, error, match):
+    records = tf.data.TFRecordDataset(examples(1))
+    data, global_batch = {
+        "records": (records, 4),
+        "parsed": (records.map(parse_example), 4),
+        "function": (lambda input_context: records, 4),
+        "batched": (records.batch(4), None),
+        "arrays": (np.arange(8.0), 4),
+    }[data]
+    with pytest.raises(error, match=match) as caught:
+        dataset_fn_for(data, global_batch, **kwargs)
+    assert caught.value.__cause__ is None  # the message says it all: no TensorFlow traceback
 
 
 def test_dataset_shuffle_and_repeat():
