@@ -21,6 +21,7 @@ import os
 import sys
 import tempfile
 import time
+import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -35,7 +36,7 @@ def _turn(directory: str, side: str, key: str, timeout: float = 900.0) -> None:
     """Waits for `side`'s turn in round `key` (the sides alternate who goes first)."""
     if directory is None:  # one side alone
         return
-    first, second = SIDES if hash(key) % 2 == 0 else SIDES[::-1]
+    first, second = SIDES if zlib.crc32(key.encode()) % 2 == 0 else SIDES[::-1]
     if side == second:
         _wait(os.path.join(directory, f"{first}-{key}"), timeout)
 

@@ -329,7 +329,10 @@ def broadcast_variables(variables, root_rank: int, process_set=None, inplace: bo
         process_set,
     )
     assigns = [v.assign(value) for v, value in zip(variables, values)]
-    return None if tf.executing_eagerly() else tf.group(*assigns)
+    if tf.executing_eagerly():
+        return None
+    # Keras 3.3-3.x variables return None from assign (the assign still runs, in order)
+    return tf.group(*[a for a in assigns if a is not None])
 
 
 def _bytes_to_words(data: bytes):

@@ -191,14 +191,14 @@ def _configure_collectives(ranks: Ranks) -> None:
 
     from tfdist.strategy.devices import context, runtime_initialized
     from tfdist.strategy.multi_worker import (
-        _MWMS_CACHE,
-        _configure_coordination,
-        _wait_for_the_cluster,
+        configure_coordination,
+        has_built_one,
+        wait_for_the_cluster,
     )
     from tfdist.strategy.peers import guarded
 
     cluster = ranks.cluster
-    if _MWMS_CACHE:
+    if has_built_one():
         raise RuntimeError(
             "This process already built a multi_worker_mirrored strategy, which configured "
             "TensorFlow's collectives; hvd.init() cannot configure them again. HINT: use one "
@@ -211,8 +211,8 @@ def _configure_collectives(ranks: Ranks) -> None:
             "process. HINT: call hvd.init() first thing, right after the imports."
         )
     timeout = settings.STARTUP_TIMEOUT.get()
-    _wait_for_the_cluster(cluster, timeout)
-    _configure_coordination(cluster, timeout)
+    wait_for_the_cluster(cluster, timeout)
+    configure_coordination(cluster, timeout)
     leader = "chief" if cluster.has_chief else "worker"
     ctx = context()
     ctx.configure_collective_ops(

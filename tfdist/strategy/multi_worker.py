@@ -21,7 +21,13 @@ from tfdist.strategy.communication import collective_options
 from tfdist.strategy.devices import context, runtime_initialized
 from tfdist.strategy.peers import guarded, interruptible, wait_for_peers
 
-__all__ = ["build_multi_worker", "exit_barrier"]
+__all__ = [
+    "build_multi_worker",
+    "configure_coordination",
+    "exit_barrier",
+    "has_built_one",
+    "wait_for_the_cluster",
+]
 
 log = logging.getLogger("tfdist")
 
@@ -30,6 +36,12 @@ _MWMS_CACHE: Dict[tuple, object] = {}
 
 
 _MWMS_LOCK = threading.Lock()
+
+
+def has_built_one() -> bool:
+    """True once this process built a multi_worker_mirrored strategy (which configured
+    TensorFlow's collectives: nothing else can configure them again)."""
+    return bool(_MWMS_CACHE)
 
 
 def build_multi_worker(
@@ -87,8 +99,8 @@ def build_multi_worker(
         if resolver is not None:
             if startup_timeout is None:
                 startup_timeout = settings.STARTUP_TIMEOUT.get()
-            _wait_for_the_cluster(cluster, startup_timeout)
-            _configure_coordination(cluster, startup_timeout)
+            wait_for_the_cluster(cluster, startup_timeout)
+            configure_coordination(cluster, startup_timeout)
         try:
             # every peer answered; TensorFlow's own wait (registration, then its device
             # barrier of an hour on the leader) holds the GIL and swallows SIGTERM: guard it
@@ -113,7 +125,7 @@ def build_multi_worker(
         return strategy
 
 
-def _wait_for_the_cluster(cluster: ClusterSpec, startup_timeout: float) -> None:
+def wait_for_the_cluster(cluster: ClusterSpec, startup_timeout: float) -> None:
     """Waits, bounded and interruptibly, until every worker (and the chief) answers.
 
     TensorFlow's own wait, next, holds the GIL and swallows SIGTERM (`tfdist.strategy.peers`);
@@ -131,7 +143,7 @@ def _wait_for_the_cluster(cluster: ClusterSpec, startup_timeout: float) -> None:
     )
 
 
-def _configure_coordination(cluster: ClusterSpec, startup_timeout) -> None:
+def configure_coordination(cluster: ClusterSpec, startup_timeout) -> None:
     """Sets up TensorFlow's coordination service with a finite registration timeout.
 
     MultiWorkerMirroredStrategy configures the same service itself, but with no limit on how
