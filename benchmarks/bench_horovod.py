@@ -21,7 +21,6 @@ import os
 import sys
 import tempfile
 import time
-import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -32,29 +31,12 @@ SIDES = ("horovod", "strategy")
 MIB = 1 << 20
 
 
-def _turn(directory: str, side: str, key: str, timeout: float = 900.0) -> None:
-    """Waits for `side`'s turn in round `key` (the sides alternate who goes first)."""
-    if directory is None:  # one side alone
-        return
-    first, second = SIDES if zlib.crc32(key.encode()) % 2 == 0 else SIDES[::-1]
-    if side == second:
-        _wait(os.path.join(directory, f"{first}-{key}"), timeout)
+def _turn(directory, side, key):
+    common.wait_for_turn(directory, SIDES, side, key)
 
 
-def _done(directory: str, side: str, key: str) -> None:
-    if directory is None:
-        return
-    open(os.path.join(directory, f"{side}-{key}"), "a").close()
-    other = SIDES[1] if side == SIDES[0] else SIDES[0]
-    _wait(os.path.join(directory, f"{other}-{key}"), 900.0)
-
-
-def _wait(path: str, timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > end:
-            raise TimeoutError(f"no turn: {path}")
-        time.sleep(0.01)
+def _done(directory, side, key):
+    common.end_turn(directory, SIDES, side, key)
 
 
 def _model(keras):

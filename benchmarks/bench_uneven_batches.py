@@ -29,25 +29,12 @@ QUICK = {"rounds": 2, "steps": 20, "batch": 250, "hidden": 256}
 SIDES = ("on", "off")
 
 
-def _turn(directory: str, side: str, epoch: int, timeout: float = 600.0) -> None:
-    """Waits until it is `side`'s turn for `epoch` (the sides alternate, order rotating)."""
-    first, second = SIDES if epoch % 2 == 0 else SIDES[::-1]
-    if side == second:
-        path = os.path.join(directory, f"{first}-{epoch}")
-        end = time.monotonic() + timeout
-        while not os.path.exists(path):
-            if time.monotonic() > end:
-                raise TimeoutError(f"no turn for {side} at epoch {epoch}")
-            time.sleep(0.01)
+def _turn(directory: str, side: str, epoch: int) -> None:
+    common.wait_for_turn(directory, SIDES, side, epoch, timeout=600.0)
 
 
 def _done(directory: str, side: str, epoch: int) -> None:
-    open(os.path.join(directory, f"{side}-{epoch}"), "w").close()
-    # the second side of the round also waits for nothing; the next round starts after both
-    other = os.path.join(directory, f"{SIDES[1] if side == SIDES[0] else SIDES[0]}-{epoch}")
-    end = time.monotonic() + 600
-    while not os.path.exists(other) and time.monotonic() < end:
-        time.sleep(0.01)
+    common.end_turn(directory, SIDES, side, epoch, timeout=600.0)
 
 
 def measure(strategy_name: str, side: str, directory: str, cfg: dict) -> list:

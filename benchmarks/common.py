@@ -19,6 +19,7 @@ import platform
 import statistics
 import sys
 import time
+import zlib
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -288,6 +289,38 @@ def write_json(
 
 
 # ---------------------------------------------------------------------- fresh processes
+
+
+def wait_for_turn(
+    directory: str, sides: Sequence[str], side: str, key, timeout: float = 900.0
+) -> None:
+    """Paired rounds of two concurrent jobs: returns when `side` may run round `key`.
+
+    The two sides alternate who goes first, by round, the same in every process (files in
+    `directory` say who is done); `end_turn` ends the round.
+    """
+    if directory is None:  # one side alone
+        return
+    first, second = sides if zlib.crc32(str(key).encode()) % 2 == 0 else sides[::-1]
+    if side == second:
+        _wait_for_file(os.path.join(directory, f"{first}-{key}"), timeout)
+
+
+def end_turn(directory: str, sides: Sequence[str], side: str, key, timeout: float = 900.0) -> None:
+    """Marks `side` done with round `key`, then waits until the other side is done too."""
+    if directory is None:
+        return
+    open(os.path.join(directory, f"{side}-{key}"), "a").close()
+    other = sides[1] if side == sides[0] else sides[0]
+    _wait_for_file(os.path.join(directory, f"{other}-{key}"), timeout)
+
+
+def _wait_for_file(path: str, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > end:
+            raise TimeoutError(f"the other side never finished its turn: {path}")
+        time.sleep(0.01)
 
 
 def run_fresh(
