@@ -18,6 +18,7 @@ from typing import Dict
 from tfdist import flavour, settings, signals
 from tfdist.cluster import ClusterSpec
 from tfdist.strategy.communication import collective_options
+from tfdist.strategy.compression import compress_multi_worker, compression_of
 from tfdist.strategy.devices import context, runtime_initialized
 from tfdist.strategy.peers import guarded, interruptible, wait_for_peers
 
@@ -41,6 +42,7 @@ def build_multi_worker(
     bytes_per_pack=0,
     timeout_seconds=None,
     startup_timeout=None,
+    compression=None,
     **_,
 ):
     import tensorflow as tf
@@ -69,7 +71,15 @@ def build_multi_worker(
         resolver = cluster.resolver()
     with _MWMS_LOCK:
         if key in _MWMS_CACHE:
-            return _MWMS_CACHE[key]
+            strategy = _MWMS_CACHE[key]
+            if compression_of(strategy) != compression:
+                raise RuntimeError(
+                    "This process already built a multi_worker_mirrored strategy with "
+                    f"gradient_compression={compression_of(strategy)!r}; asked now for "
+                    f"{compression!r}. TensorFlow configures collectives once per process. "
+                    "HINT: build one strategy and reuse it, or start a new process."
+                )
+            return strategy
         if _MWMS_CACHE:
             raise RuntimeError(
                 "This process already built a multi_worker_mirrored strategy for another "
@@ -103,6 +113,7 @@ def build_multi_worker(
                 )
         except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as err:
             raise RuntimeError(_startup_failure(cluster, err)) from err
+        compress_multi_worker(strategy, compression)
         _MWMS_CACHE[key] = strategy
         if resolver is not None:
             _register_exit_barrier()
