@@ -61,7 +61,7 @@ def _tf_step(strategy, count: int):
         def replica():
             total = tf.distribute.get_replica_context().all_reduce("SUM", tf.identity(x))
             out.assign(total)
-            return out[0]
+            return out[0] + out[-1]
 
         return strategy.run(replica)
 
@@ -138,7 +138,7 @@ def variant_job(job: str, directory: str, cfg: dict) -> dict:
                     compress_multi_worker(strategy, None if variant == "None" else variant)
                 steps[(mib, variant)] = _tf_step(strategy, count)
             step = steps[(mib, variant)]
-            assert float(step()) == strategy.num_replicas_in_sync  # warm-up, and the sum
+            assert float(step()) == 2 * strategy.num_replicas_in_sync  # warm-up, and the sum
             seconds = _seconds(lambda step=step: step().numpy(), cfg["reps"])
         out[variant].setdefault(mib, []).append(_gbps(count, seconds))
         open(os.path.join(directory, f"done-{index}-{me}"), "w").close()
@@ -289,6 +289,142 @@ def run(quick: bool) -> list:
     return rows
 
 
+# ------------------------------------------------------------------ TensorFlow's knobs
+
+# Process-level settings (one 2-process job each) and, in the first job, per-call variants.
+KNOB_JOBS = {
+    "default": {},
+    "threads 1/1": {"threads": (1, 1)},
+    "threads 4/2": {"threads": (4, 2)},
+    "recv_buf_max_chunk -1": {"chunk": -1},
+    "recv_buf_max_chunk 64 KiB": {"chunk": 64},
+    "num_channels_per_target 4": {"channels": 4},
+}
+KNOB_CALLS = ("AUTO", "RING", "packs 4", "packs 32")  # in the "default" job
+KNOB_SIZES = (16, 128)
+
+
+def knob_turns(rounds: int, group: tuple) -> list:
+    """(round, size, job, call) turns of one group of jobs, the order rotating every round."""
+    variants = []
+    for job in group:
+        calls = KNOB_CALLS if job == "default" and len(group) == 1 else ("AUTO",)
+        variants += [(job, call) for call in calls]
+    turns = []
+    for r in range(rounds):
+        for mib in KNOB_SIZES:
+            k = r % len(variants)
+            turns += [(r, mib, j, c) for j, c in variants[k:] + variants[:k]]
+    return turns
+
+
+def knob_job(name: str, group: tuple, directory: str, rounds: int, reps: int) -> dict:
+    """In each process of one knob job: {call: {size: [GB/s per turn]}}."""
+    import tensorflow as tf
+
+    spec = KNOB_JOBS[name]
+    if "threads" in spec:
+        tf.config.threading.set_inter_op_parallelism_threads(spec["threads"][0])
+        tf.config.threading.set_intra_op_parallelism_threads(spec["threads"][1])
+    if "chunk" in spec or "channels" in spec:
+        # neither has a public setter in TF 2: the eager context's ConfigProto (diagnosis only)
+        from tensorflow.core.protobuf import config_pb2
+        from tensorflow.python.eager import context
+
+        config = config_pb2.ConfigProto()
+        if "chunk" in spec:
+            config.experimental.recv_buf_max_chunk = spec["chunk"]
+        if "channels" in spec:
+            config.rpc_options.num_channels_per_target = spec["channels"]
+        context.context()._config = config
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    implementation = tf.distribute.experimental.CommunicationImplementation
+    me = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    out, steps = {}, {}
+    for index, (_, mib, job, call) in enumerate(knob_turns(rounds, group)):
+        if job != name:
+            continue
+        _wait_turn(directory, index)
+        count = mib << 18
+        if (mib, call) not in steps:
+            parts = int(call.split()[1]) if call.startswith("packs") else 1
+            options = tf.distribute.experimental.CommunicationOptions(
+                bytes_per_pack=count * 4 // parts if parts > 1 else 0,
+                implementation=implementation.RING if call == "RING" else implementation.AUTO,
+            )
+            with tf.device(strategy.extended.worker_devices[0]):
+                xs = [tf.Variable(tf.ones([count // parts]), trainable=False) for _ in range(parts)]
+
+            @tf.function
+            def step(xs=xs, options=options):
+                def replica():
+                    totals = tf.distribute.get_replica_context().all_reduce(
+                        "SUM", [tf.identity(x) for x in xs], options=options
+                    )
+                    for x, total in zip(xs, totals):
+                        x.assign(total / 2.0)
+                    return xs[0][0]
+
+                return strategy.run(replica)
+
+            steps[(mib, call)] = step
+        step = steps[(mib, call)]
+        step()
+        seconds = _seconds(lambda step=step: step().numpy(), reps)
+        out.setdefault(call, {}).setdefault(mib, []).append(_gbps(count, seconds))
+        open(os.path.join(directory, f"done-{index}-{me}"), "w").close()
+    return out
+
+
+def knobs(rounds: int = 3, reps: int = 5) -> dict:
+    """{"job / call": {size: median GB/s}, "job / call / vs default": {size: ratio}}.
+
+    First TensorFlow's per-call options in one job (TensorFlow's default, RING, packs), then
+    each process-level knob as a job running beside a default job, the two taking turns: at
+    most 4 processes at once, and each knob compared with a default measured beside it.
+    """
+    import concurrent.futures
+    import tempfile
+
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    results = {}
+    groups = [("default",)] + [("default", name) for name in KNOB_JOBS if name != "default"]
+    for group in groups:
+        with tempfile.TemporaryDirectory(prefix="tfdist-knobs-") as directory:
+            with concurrent.futures.ThreadPoolExecutor(len(group)) as pool:
+                futures = {
+                    name: pool.submit(
+                        common.run_fresh,
+                        knob_job,
+                        workers=2,
+                        args=(name, group, directory, rounds, reps),
+                        env=env,
+                        timeout=900,
+                    )
+                    for name in group
+                }
+                found = {}
+                for name, future in futures.items():
+                    runs = future.result()
+                    for call, by_size in runs[0].items():
+                        found[(name, call)] = {
+                            mib: [min(a, b) for a, b in zip(by_size[mib], runs[1][call][mib])]
+                            for mib in KNOB_SIZES
+                        }
+        for (name, call), by_size in found.items():
+            if len(group) > 1 and name == "default":
+                continue
+            results[f"{name} / {call}"] = {m: statistics.median(v) for m, v in by_size.items()}
+            base = found[("default", "AUTO")]
+            if (name, call) != ("default", "AUTO"):
+                results[f"{name} / {call} / vs default beside it"] = {
+                    m: statistics.median([x / y for x, y in zip(v, base[m])])
+                    for m, v in by_size.items()
+                }
+        print(json.dumps({k: v for k, v in results.items()}), flush=True)
+    return results
+
+
 def cpu_model() -> str:
     """The CPU model from /proc/cpuinfo (for the JSON: bandwidths depend on it)."""
     try:
@@ -304,6 +440,18 @@ def cpu_model() -> str:
 
 
 if __name__ == "__main__":
+    if "--knobs" in sys.argv:
+        found = knobs()
+        for key, by_size in found.items():
+            unit = "x" if key.endswith("beside it") else " GB/s"
+            print(f"{key:52} " + "  ".join(f"{m} MiB {v:.3f}{unit}" for m, v in by_size.items()))
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        path = os.path.join(common.RESULTS_DIR, f"allreduce-knobs-{stamp}.json")
+        os.makedirs(common.RESULTS_DIR, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"cpu_model": cpu_model(), "knobs": found}, f, indent=2)
+        print(f"results: {path}")
+        sys.exit(0)
     rows = run("--quick" in sys.argv)
     common.print_table(rows)
     stamp = os.path.basename(rows[0]["chart"]).replace("allreduce-", "").replace(".png", "")

@@ -25,6 +25,10 @@ multi_worker_mirrored: TensorFlow's MultiWorkerMirroredStrategy takes no cross-d
 tfdist gives the `CollectiveAllReduce` object it built (`strategy.extended._cross_device_ops`,
 checked to be one) the subclass below, which casts in `_all_reduce` (the method every reduction
 of that strategy goes through: batched gradients, `ReplicaContext.all_reduce`, `strategy.reduce`).
+The same subclass all-reduces a dense tensor larger than `PIECES_AFTER` times the ring's
+`bytes_per_pack` (tfdist's default 4 MiB: tensors over 32 MiB) in pieces of a pack, one pack
+each: TensorFlow's ring moves one large message at a fraction of the speed of several of a few
+MiB (docs/concepts/communication.md).
 The collectives themselves are TensorFlow's (CollectiveReduceV2 has bfloat16 and float16 CPU and
 GPU kernels in every supported release). mirrored: a `CrossDeviceOps` wrapper around the one tfdist
 (or you) picked, passed through MirroredStrategy's public `cross_device_ops=`.
@@ -42,6 +46,7 @@ __all__ = [
     "check_compression",
     "compress_multi_worker",
     "compressed_cross_device_ops",
+    "compression_of",
 ]
 
 # The values of `gradient_compression=`; None (or "none") is no compression.
@@ -72,7 +77,8 @@ def check_compression(strategy: Optional[str], value) -> Optional[str]:
     if not isinstance(key, str) or key not in _SPELLINGS:
         raise ValueError(
             f"gradient_compression={value!r} is not a known compression. Choose one of: "
-            "'bf16', 'fp16', or None (no compression)."
+            "'bf16', 'fp16', or None (no compression). HINT: 'bf16' keeps float32's range "
+            "and needs no scaling; 'fp16' is scaled by 1/replicas against overflow."
         )
     mode = _SPELLINGS[key]
     if mode is not None and strategy is not None and strategy not in _STRATEGIES:
@@ -124,7 +130,26 @@ def _decompress(value, mode: str, group_size: int):
     return value
 
 
+# A dense tensor of more than this many packs is all-reduced in pieces of a pack: on the ring,
+# 128 MiB as 4 MiB pieces was 2.2x as fast as whole, 16 MiB as 4 MiB pieces no faster than
+# whole once the split and concatenation are paid (benchmarks/bench_allreduce.py).
+PIECES_AFTER = 8
+
+
+def _pieces(value, limit: int) -> int:
+    """How many pieces of at most `limit` bytes a dense tensor is cut into (1: not cut)."""
+    import tensorflow as tf
+
+    if not limit or not isinstance(value, tf.Tensor):
+        return 1
+    elements = value.shape.num_elements()
+    if elements is None or elements * value.dtype.size <= PIECES_AFTER * limit:
+        return 1
+    return -(-elements * value.dtype.size // limit)
+
+
 def _collective_class():
+    from tensorflow.python.distribute import collective_util
     from tensorflow.python.distribute import cross_device_ops as cdo
     from tensorflow.python.util import nest
 
@@ -132,10 +157,12 @@ def _collective_class():
     if _COLLECTIVE is not None:
         return _COLLECTIVE
 
-    class CompressedCollectiveAllReduce(cdo.CollectiveAllReduce):
-        """TensorFlow's CollectiveAllReduce, with float32 values cast for the wire."""
+    class TunedCollectiveAllReduce(cdo.CollectiveAllReduce):
+        """TensorFlow's CollectiveAllReduce, with float32 values cast for the wire and large
+        tensors all-reduced in pieces."""
 
         _tfdist_compression: Optional[str] = None
+        _tfdist_piece_bytes: int = 0
 
         def _all_reduce(self, reduce_op, value, replica_id, options):
             import tensorflow as tf
@@ -144,28 +171,64 @@ def _collective_class():
             flat = nest.flatten(value)
             marks = [mode is not None and _compressible(v) for v in flat]
             if not any(marks):
-                return super()._all_reduce(reduce_op, value, replica_id, options)
+                if not any(_pieces(v, self._tfdist_piece_bytes) > 1 for v in flat):
+                    return super()._all_reduce(reduce_op, value, replica_id, options)
+                back = self._in_pieces(reduce_op, flat, replica_id, options)
+                return nest.pack_sequence_as(value, back)
             # two batches: TensorFlow packs a batch into one concatenated tensor, one dtype
             with tf.device(self._devices[replica_id]):
                 sent = [_compress(v, mode, self._group_size) for v, m in zip(flat, marks) if m]
             kept = [v for v, m in zip(flat, marks) if not m]
-            reduced = list(super()._all_reduce(reduce_op, sent, replica_id, options))
+            reduced = self._in_pieces(reduce_op, sent, replica_id, options)
             with tf.device(self._devices[replica_id]):
                 reduced = [_decompress(v, mode, self._group_size) for v in reduced]
             if kept:
-                kept = list(super()._all_reduce(reduce_op, kept, replica_id, options))
+                kept = self._in_pieces(reduce_op, kept, replica_id, options)
             back = [reduced.pop(0) if m else kept.pop(0) for m in marks]
             return nest.pack_sequence_as(value, back)
 
-    _COLLECTIVE = CompressedCollectiveAllReduce
+        def _in_pieces(self, reduce_op, values, replica_id, options):
+            """All-reduces `values` (a list), tensors larger than the piece size in pieces,
+            each piece its own pack; returns the list of results."""
+            import tensorflow as tf
+
+            limit = self._tfdist_piece_bytes
+            counts = [_pieces(v, limit) for v in values]
+            if max(counts, default=1) == 1:
+                return list(super()._all_reduce(reduce_op, list(values), replica_id, options))
+            sent = []
+            with tf.device(self._devices[replica_id]):
+                for v, count in zip(values, counts):
+                    if count == 1:
+                        sent.append(v)
+                        continue
+                    flat_v = tf.reshape(v, [-1])
+                    size = flat_v.shape[0]
+                    step = -(-size // count)
+                    sizes = [step] * (size // step) + ([size % step] if size % step else [])
+                    sent += tf.split(flat_v, sizes)
+            # a pack closes once it holds more than bytes_per_pack: one piece a pack
+            options = (options or collective_util.Options()).merge(
+                collective_util.Options(bytes_per_pack=max(limit - 1, 1))
+            )
+            reduced = list(super()._all_reduce(reduce_op, sent, replica_id, options))
+            out = []
+            with tf.device(self._devices[replica_id]):
+                for v, count in zip(values, counts):
+                    parts, reduced = reduced[:count], reduced[count:]
+                    out.append(parts[0] if count == 1 else tf.reshape(tf.concat(parts, 0), v.shape))
+            return out
+
+    _COLLECTIVE = TunedCollectiveAllReduce
     return _COLLECTIVE
 
 
 _COLLECTIVE = None
 
 
-def compress_multi_worker(strategy, mode: Optional[str]) -> None:
-    """Makes `strategy` (a MultiWorkerMirroredStrategy) cast its all-reduces for `mode`.
+def compress_multi_worker(strategy, mode: Optional[str], piece_bytes: Optional[int] = None) -> None:
+    """Makes `strategy` (a MultiWorkerMirroredStrategy) cast its all-reduces for `mode`, and
+    all-reduce dense tensors larger than `piece_bytes` in pieces (None: unchanged; 0: whole).
 
     Raises:
         RuntimeError: this TensorFlow's strategy does not reduce through a CollectiveAllReduce
@@ -181,12 +244,14 @@ def compress_multi_worker(strategy, mode: Optional[str]) -> None:
             f"TensorFlow's strategy has {type(ops).__name__}. HINT: use gradient_compression="
             "None with this TensorFlow release, and report it to tfdist."
         )
-    if mode is None and not isinstance(ops, _collective_class()):
-        return
     cls = _collective_class()
+    if mode is None and not piece_bytes and type(ops) is not cls:
+        return
     if type(ops) is not cls:
         ops.__class__ = cls  # keeps the launchers, keys and lock TensorFlow set up
     ops._tfdist_compression = mode
+    if piece_bytes is not None:
+        ops._tfdist_piece_bytes = int(piece_bytes)
 
 
 def compression_of(strategy) -> Optional[str]:

@@ -39,7 +39,7 @@ def build_multi_worker(
     found,
     communication,
     communication_options=None,
-    bytes_per_pack=0,
+    bytes_per_pack=None,
     timeout_seconds=None,
     startup_timeout=None,
     compression=None,
@@ -48,7 +48,7 @@ def build_multi_worker(
     import tensorflow as tf
 
     if communication_options is not None:
-        if communication != "auto" or bytes_per_pack or timeout_seconds is not None:
+        if communication != "auto" or bytes_per_pack is not None or timeout_seconds is not None:
             raise ValueError(
                 "Pass either communication_options= or communication= / bytes_per_pack= / "
                 "timeout_seconds=, not both."
@@ -113,7 +113,12 @@ def build_multi_worker(
                 )
         except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as err:
             raise RuntimeError(_startup_failure(cluster, err)) from err
-        compress_multi_worker(strategy, compression)
+        # tensors of more than PIECES_AFTER packs are all-reduced in pieces of a pack (ring only,
+        # and only with tfdist's options: communication_options= is TensorFlow's behaviour)
+        nccl = tf.distribute.experimental.CommunicationImplementation.NCCL
+        ring = options.implementation != nccl
+        pieces = options.bytes_per_pack if ring and communication_options is None else 0
+        compress_multi_worker(strategy, compression, pieces)
         _MWMS_CACHE[key] = strategy
         if resolver is not None:
             _register_exit_barrier()
