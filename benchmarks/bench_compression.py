@@ -90,7 +90,7 @@ def job(side: str, directory: str, rounds: int) -> dict:
     for index, (_, name, variant) in enumerate(schedule(rounds)):
         if (variant == "tf default") != (side == "tf"):
             continue
-        _wait_turn(directory, index, timeout=1800)
+        _wait_turn(directory, index, timeout=600)
         spec = MODELS[name]
         if (name, variant) not in built:
             if side == "tfdist":
@@ -122,7 +122,7 @@ def measure(rounds: int) -> dict:
                     workers=2,
                     args=(side, directory, rounds),
                     env=env,
-                    timeout=1800,
+                    timeout=1200,
                 )
                 for side in ("tf", "tfdist")
             ]

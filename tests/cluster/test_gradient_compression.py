@@ -46,10 +46,11 @@ def compressed_training():
     for mode in MODES:
         compress_multi_worker(strategy, mode)
         # 36 MB: all-reduced in 4 MiB pieces (tfdist's default on the ring), the last one short;
-        # 40000 per replica: a float16 sum would overflow (65504) without fp16's prescaling
+        # 40960 per replica (exact in both types): a float16 sum would overflow (65504)
+        # without fp16's prescaling
         sums[str(mode)] = [
             _sum_ends(tf, strategy, 9_000_003, 1.5),
-            _sum_ends(tf, strategy, 4096, 4e4),
+            _sum_ends(tf, strategy, 4096, 40960.0),
         ]
     tasks, np = _tasks()
     losses = {}
@@ -104,7 +105,7 @@ def test_bf16_and_fp16_compression_keep_the_loss_within_one_percent(run_cluster)
     assert [r["reported"] for r in results] == ["bf16", "bf16"]
     assert results[0]["losses"] == results[1]["losses"]  # the workers agree exactly
     for mode in ("None", "bf16", "fp16"):  # exact sums: in pieces, and no fp16 overflow
-        assert results[0]["sums"][mode] == [6.0, 160000.0], (mode, results[0]["sums"])
+        assert results[0]["sums"][mode] == [6.0, 163840.0], (mode, results[0]["sums"])
     problems = []
     for name, seeds in results[0]["losses"].items():
         for seed, by_mode in seeds.items():
@@ -137,7 +138,7 @@ def legacy_compressed_training():
     losses = {}
     for mode in MODES:
         compress_multi_worker(strategy, mode)
-        tf.random.set_seed(0)
+        keras.utils.set_random_seed(0)
         with strategy.scope():
             model = keras.Sequential(
                 [

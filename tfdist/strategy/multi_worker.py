@@ -53,7 +53,9 @@ def build_multi_worker(
                 "Pass either communication_options= or communication= / bytes_per_pack= / "
                 "timeout_seconds=, not both."
             )
-        if not isinstance(communication_options, tf.distribute.experimental.CommunicationOptions):
+        # the exported constructor returns collective_util.Options: check against that type
+        options_type = type(tf.distribute.experimental.CommunicationOptions())
+        if not isinstance(communication_options, options_type):
             raise TypeError(
                 "communication_options must be a tf.distribute.experimental.CommunicationOptions."
                 f" Received: {communication_options!r}."
