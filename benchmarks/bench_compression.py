@@ -31,8 +31,8 @@ import common  # noqa: E402
 from bench_allreduce import _wait_turn  # noqa: E402
 
 MODELS = {
-    "communication-bound": {"layers": (1024, 2048, 2048, 1024), "batch": 32, "steps": 12},
-    "compute-bound": {"layers": (256, 256, 256), "batch": 4096, "steps": 12},
+    "communication-bound": {"layers": (1024, 2048, 2048, 1024), "batch": 32, "steps": 25},
+    "compute-bound": {"layers": (256, 256, 256), "batch": 4096, "steps": 25},
 }
 VARIANTS = ("tf default", "None", "bf16", "fp16")
 DEFAULT = {"rounds": 5}
