@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,legacy,docs]"
+	$(PY) -m pip install --quiet -e ".[test,legacy,docs,bench]"
 	touch $(STAMP)
 
 install: $(STAMP)

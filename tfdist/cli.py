@@ -154,6 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="strategy name for tfdist.make_strategy() (sets TFDIST_STRATEGY)",
     )
     lau.add_argument(
+        "--gradient-compression",
+        "--gradient_compression",
+        choices=("bf16", "fp16", "none"),
+        help="cast float32 gradients for the all-reduce of mirrored and multi_worker_mirrored "
+        "(sets TFDIST_GRADIENT_COMPRESSION; default none)",
+    )
+    lau.add_argument(
         "--max-restarts",
         "--max_restarts",
         type=int,
@@ -450,7 +457,10 @@ def _cmd_launch(args) -> int:
     script_args = list(args.args)
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
-    extra = {settings.STRATEGY.name: args.strategy} if args.strategy else None
+    extra = {settings.STRATEGY.name: args.strategy} if args.strategy else {}
+    if args.gradient_compression:
+        extra[settings.GRADIENT_COMPRESSION.name] = args.gradient_compression
+    extra = extra or None
     elastic = isinstance(args.workers, tuple)
     if (not elastic and args.workers < 1) or args.ps < 0 or args.max_restarts < 0:
         print(

@@ -198,6 +198,29 @@ COMMUNICATION = Setting(
     "`make_strategy`, `tfdist doctor`",
     "unset",
 )
+
+
+def _compression(value: str) -> Optional[str]:
+    """bf16, fp16 (also bfloat16, float16) or none; None when blank or none."""
+    key = value.strip().lower()
+    spellings = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16"}
+    if key in ("", "none", "off", "0"):
+        return None
+    if key not in spellings:
+        raise ValueError("one of bf16, fp16, none")
+    return spellings[key]
+
+
+GRADIENT_COMPRESSION = Setting(
+    "TFDIST_GRADIENT_COMPRESSION",
+    _compression,
+    None,
+    "casts float32 gradients to `bf16` or `fp16` for the all-reduce of `mirrored` and "
+    "`multi_worker_mirrored` when `make_strategy` gets no `gradient_compression=`; `none` "
+    "turns it off; other strategies ignore it; `tfdist launch --gradient-compression` sets it",
+    "`make_strategy`",
+    "unset (no compression)",
+)
 # A peer that never joins becomes an error after this many seconds instead of a hang.
 STARTUP_TIMEOUT = Setting(
     "TFDIST_STARTUP_TIMEOUT",
@@ -329,6 +352,7 @@ HOROVOD_SHIM = Setting(
 SETTINGS = (
     STRATEGY,
     COMMUNICATION,
+    GRADIENT_COMPRESSION,
     STARTUP_TIMEOUT,
     COLLECTIVE_TIMEOUT,
     NUM_PS,

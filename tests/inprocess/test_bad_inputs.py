@@ -386,6 +386,24 @@ ROWS = [
         ["'bogus'", "Choose one of"],
     ),
     (
+        "make_strategy-unknown-gradient-compression",
+        lambda: tfdist.make_strategy("mirrored", cluster=SINGLE, gradient_compression="int8"),
+        "ValueError",
+        ["'int8'", "'bf16'", "HINT"],
+    ),
+    (
+        "make_strategy-gradient-compression-on-one-device",
+        lambda: tfdist.make_strategy("one_device", cluster=SINGLE, gradient_compression="bf16"),
+        "ValueError",
+        ["'bf16'", "'one_device'", "HINT"],
+    ),
+    (
+        "make_strategy-gradient-compression-on-parameter-server",
+        lambda: tfdist.make_strategy(cluster=PS_CHIEF, gradient_compression="fp16"),
+        "ValueError",
+        ["'fp16'", "'parameter_server'", "no all-reduce", "HINT"],
+    ),
+    (
         "make_strategy-ring-on-mirrored",
         lambda: tfdist.make_strategy("mirrored", cluster=SINGLE, communication="ring"),
         "ValueError",

@@ -41,6 +41,22 @@ def test_multi_worker_collective_timeout_is_opt_in(monkeypatch):
     assert collective_options("auto", CPU1, timeout_seconds=0).timeout_seconds is None
 
 
+def test_multi_worker_packs_by_four_mib_on_the_ring_and_keeps_tensorflows_default_for_nccl():
+    assert collective_options("auto", CPU1).bytes_per_pack == 4 << 20
+    assert collective_options("auto", GPU2).bytes_per_pack == 0
+    assert collective_options("ring", CPU1, bytes_per_pack=0).bytes_per_pack == 0
+
+
+def test_communication_options_from_tensorflows_public_constructor_are_taken(monkeypatch):
+    from tfdist.strategy import multi_worker
+
+    monkeypatch.setattr(multi_worker, "_MWMS_CACHE", {})  # leave no strategy to later tests
+    # the exported constructor returns collective_util.Options, not an instance of itself
+    options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=123)
+    strategy = make_strategy("multi_worker_mirrored", cluster=SINGLE, communication_options=options)
+    assert type(strategy).__name__ == "CollectiveAllReduceStrategy"
+
+
 @pytest.mark.parametrize(
     "communication, devices, cls",
     [

@@ -213,3 +213,24 @@ def test_usage_errors_exit_2(capsys, argv, message):
         main(argv)
     assert excinfo.value.code == 2
     assert message in capsys.readouterr().err
+
+
+# ------------------------------------------------------------- launch --gradient-compression
+
+
+def test_launch_takes_the_gradient_compression_vocabulary():
+    from tfdist.cli import build_parser
+
+    args = build_parser().parse_args(["launch", "--gradient-compression", "bf16", "train.py"])
+    assert args.gradient_compression == "bf16"
+    assert build_parser().parse_args(["launch", "train.py"]).gradient_compression is None
+
+
+def test_launch_refuses_an_unknown_gradient_compression(capsys):
+    from tfdist.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["launch", "--gradient-compression", "int8", "train.py"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "'int8'" in err and "bf16" in err and "fp16" in err

@@ -39,6 +39,11 @@ CASES = {
         [("NCCL", "nccl"), (" ring ", "ring"), ("", None), ("other", "other")],
         [],  # a value the strategy does not take leaves "auto", as before
     ),
+    settings.GRADIENT_COMPRESSION: (
+        [("bf16", "bf16"), (" BFloat16 ", "bf16"), ("fp16", "fp16"), ("float16", "fp16")]
+        + [("none", None), ("", None), ("off", None)],
+        ["int8", "fp8", "16"],
+    ),
     settings.STARTUP_TIMEOUT: (
         [("17", 17.0), (" 2.5 ", 2.5), ("0", 0.0), ("1e3", 1000.0)],
         ["", "x", "-1", "nan", "inf"],

@@ -14,6 +14,7 @@ from typing import Callable, Dict
 
 from tfdist import settings
 from tfdist.strategy.communication import mirrored_cross_device_ops
+from tfdist.strategy.compression import compressed_cross_device_ops
 from tfdist.strategy.peers import wait_for_peers
 from tfdist.strategy.servers import serve
 
@@ -39,7 +40,7 @@ def build_one_device(*, devices, found, **_):
     return tf.distribute.OneDeviceStrategy((devices or found)[0])
 
 
-def build_mirrored(*, devices, found, communication, cross_device_ops=None, **_):
+def build_mirrored(*, devices, found, communication, cross_device_ops=None, compression=None, **_):
     import tensorflow as tf
 
     if cross_device_ops is not None and communication != "auto":
@@ -48,6 +49,8 @@ def build_mirrored(*, devices, found, communication, cross_device_ops=None, **_)
         )
     if cross_device_ops is None:
         cross_device_ops = mirrored_cross_device_ops(communication, found)
+    if compression is not None:
+        cross_device_ops = compressed_cross_device_ops(cross_device_ops, compression)
     return tf.distribute.MirroredStrategy(
         devices=devices or found, cross_device_ops=cross_device_ops
     )

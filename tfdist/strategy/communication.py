@@ -15,6 +15,7 @@ __all__ = [
     "MIRRORED",
     "MULTI_WORKER",
     "NONE",
+    "RING_BYTES_PER_PACK",
     "check_communication",
     "collective_options",
     "mirrored_cross_device_ops",
@@ -24,6 +25,14 @@ __all__ = [
 MULTI_WORKER: Tuple[str, ...] = ("auto", "ring", "nccl")
 MIRRORED: Tuple[str, ...] = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
 NONE: Tuple[str, ...] = ("auto",)  # no all-reduce to choose (one device, parameter servers)
+
+
+# tfdist's pack size for ring all-reduces (bytes_per_pack=None): TensorFlow's default (0) packs
+# every gradient of a step into one concatenated tensor; on the ring, one large message costs
+# more per byte than several of a few MiB (benchmarks/bench_allreduce.py --knobs: a 128 MiB
+# payload all-reduced as 32 tensors of 4 MiB was 2.2x as fast as one tensor, and 4 MiB is the
+# size TensorFlow's ring itself cuts its chunks to). NCCL keeps TensorFlow's default.
+RING_BYTES_PER_PACK = 4 << 20
 
 
 def check_communication(strategy: str, communication, choices: Sequence[str]) -> str:
@@ -72,10 +81,14 @@ def collective_options(
     communication: str,
     devices: Sequence[str],
     *,
-    bytes_per_pack: int = 0,
+    bytes_per_pack: Optional[int] = None,
     timeout_seconds: Optional[float] = None,
 ):
-    """The `CommunicationOptions` for MultiWorkerMirroredStrategy."""
+    """The `CommunicationOptions` for MultiWorkerMirroredStrategy.
+
+    bytes_per_pack: None picks tfdist's default: `RING_BYTES_PER_PACK` (4 MiB) for the ring,
+    TensorFlow's 0 (one pack) for NCCL. 0 is TensorFlow's own default.
+    """
     import tensorflow as tf
 
     implementation = tf.distribute.experimental.CommunicationImplementation
@@ -84,6 +97,8 @@ def collective_options(
         communication = "nccl" if _all_gpus(devices) else "ring"
     if communication == "nccl":
         _require_gpus_for_nccl("multi_worker_mirrored", devices, MULTI_WORKER)
+    if bytes_per_pack is None:
+        bytes_per_pack = 0 if communication == "nccl" else RING_BYTES_PER_PACK
     if timeout_seconds is None:
         timeout_seconds = settings.COLLECTIVE_TIMEOUT.get()  # default 0: no limit
     return tf.distribute.experimental.CommunicationOptions(

@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 from tfdist import settings, task
 from tfdist.cluster import ClusterSpec, detect_cluster
 from tfdist.strategy.communication import check_communication
+from tfdist.strategy.compression import check_compression
 from tfdist.strategy.devices import check_devices, local_devices
 from tfdist.strategy.registry import STRATEGIES, canonical_name
 
@@ -67,6 +68,7 @@ def make_strategy(
     cluster: Optional[ClusterSpec] = None,
     devices: Optional[Sequence[str]] = None,
     communication: str = "auto",
+    gradient_compression: Optional[str] = None,
     **options,
 ):
     """Returns a `tf.distribute.Strategy` for `name`, on `cluster` and `devices`.
@@ -87,9 +89,17 @@ def make_strategy(
             every replica is a GPU, else ring), "ring", "nccl". mirrored: "auto", "nccl",
             "hierarchical_copy", "reduce_to_one_device". Defaults to "auto", which yields to
             TFDIST_COMMUNICATION when that names a choice valid for the strategy.
+        gradient_compression: "bf16", "fp16" or None. mirrored and multi_worker_mirrored: cast
+            float32 gradients (tensors of 1024 elements or more; never IndexedSlices) to that
+            type for the all-reduce and back after it; "fp16" divides by the number of replicas
+            before the cast so that the sum cannot overflow. None yields to
+            TFDIST_GRADIENT_COMPRESSION (ignored by other strategies), else no compression;
+            "none" is no compression whatever the variable says.
         **options: TensorFlow's own options, validated and passed through:
             mirrored: `cross_device_ops`.
-            multi_worker_mirrored: `communication_options`, or `bytes_per_pack` and
+            multi_worker_mirrored: `communication_options`, or `bytes_per_pack` (default 4
+                MiB on the ring: gradients packed by 4 MiB, tensors over 32 MiB all-reduced in
+                4 MiB pieces; 0 is TensorFlow's one pack) and
                 `timeout_seconds` (per-collective timeout; default TFDIST_COLLECTIVE_TIMEOUT or
                 none: dead peers are detected by heartbeats), and `startup_timeout` (seconds
                 to wait for every worker
@@ -148,13 +158,23 @@ def make_strategy(
         communication = from_env  # a job-wide choice; where it does not apply, "auto" stays
     if key != "parameter_server":
         check_communication(key, communication, record.communications)
+    if gradient_compression is None:
+        from_env = settings.GRADIENT_COMPRESSION.get()  # job-wide: where it does not apply, off
+        compression = from_env if key in ("mirrored", "multi_worker_mirrored") else None
+    else:
+        compression = check_compression(key, gradient_compression)
     if key != "default":
         from tfdist.fixes import apply_fixes
 
         apply_fixes()  # the plain Keras idiom works on what tfdist makes
     task.set_current(cluster, key)
     strategy = record.build(
-        cluster=cluster, devices=devices, found=found, communication=communication, **options
+        cluster=cluster,
+        devices=devices,
+        found=found,
+        communication=communication,
+        compression=compression,
+        **options,
     )
     from tfdist import training_report as report
 

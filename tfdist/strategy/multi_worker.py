@@ -18,6 +18,7 @@ from typing import Dict
 from tfdist import flavour, settings, signals
 from tfdist.cluster import ClusterSpec
 from tfdist.strategy.communication import collective_options
+from tfdist.strategy.compression import compress_multi_worker, compression_of
 from tfdist.strategy.devices import context, runtime_initialized
 from tfdist.strategy.peers import guarded, interruptible, wait_for_peers
 
@@ -50,20 +51,23 @@ def build_multi_worker(
     found,
     communication,
     communication_options=None,
-    bytes_per_pack=0,
+    bytes_per_pack=None,
     timeout_seconds=None,
     startup_timeout=None,
+    compression=None,
     **_,
 ):
     import tensorflow as tf
 
     if communication_options is not None:
-        if communication != "auto" or bytes_per_pack or timeout_seconds is not None:
+        if communication != "auto" or bytes_per_pack is not None or timeout_seconds is not None:
             raise ValueError(
                 "Pass either communication_options= or communication= / bytes_per_pack= / "
                 "timeout_seconds=, not both."
             )
-        if not isinstance(communication_options, tf.distribute.experimental.CommunicationOptions):
+        # the exported constructor returns collective_util.Options: check against that type
+        options_type = type(tf.distribute.experimental.CommunicationOptions())
+        if not isinstance(communication_options, options_type):
             raise TypeError(
                 "communication_options must be a tf.distribute.experimental.CommunicationOptions."
                 f" Received: {communication_options!r}."
@@ -81,7 +85,15 @@ def build_multi_worker(
         resolver = cluster.resolver()
     with _MWMS_LOCK:
         if key in _MWMS_CACHE:
-            return _MWMS_CACHE[key]
+            strategy = _MWMS_CACHE[key]
+            if compression_of(strategy) != compression:
+                raise RuntimeError(
+                    "This process already built a multi_worker_mirrored strategy with "
+                    f"gradient_compression={compression_of(strategy)!r}; asked now for "
+                    f"{compression!r}. TensorFlow configures collectives once per process. "
+                    "HINT: build one strategy and reuse it, or start a new process."
+                )
+            return strategy
         if _MWMS_CACHE:
             raise RuntimeError(
                 "This process already built a multi_worker_mirrored strategy for another "
@@ -115,6 +127,12 @@ def build_multi_worker(
                 )
         except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as err:
             raise RuntimeError(_startup_failure(cluster, err)) from err
+        # tensors of more than PIECES_AFTER packs are all-reduced in pieces of a pack (ring only,
+        # and only with tfdist's options: communication_options= is TensorFlow's behaviour)
+        nccl = tf.distribute.experimental.CommunicationImplementation.NCCL
+        ring = options.implementation != nccl
+        pieces = options.bytes_per_pack if ring and communication_options is None else 0
+        compress_multi_worker(strategy, compression, pieces)
         _MWMS_CACHE[key] = strategy
         if resolver is not None:
             _register_exit_barrier()
