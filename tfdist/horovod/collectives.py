@@ -7,7 +7,8 @@ program order). In a job of one process they return their input (scaled as asked
 communicating.
 
 - A grouped all-reduce packs the tensors of one wire dtype into one buffer: one collective per
-  dtype, whatever the number of tensors (Horovod's tensor fusion).
+  dtype, whatever the number of tensors (Horovod's tensor fusion); a buffer of more than 32 MiB
+  goes in pieces of 4 MiB, as the strategy's own all-reduce does.
 - `allgather` takes tensors whose first dimension differs between ranks (it gathers the sizes,
   pads to the largest, gathers, then drops the padding).
 - `broadcast` is an all-reduce of the root's tensor with zeros from the others: exact for every
@@ -29,6 +30,8 @@ import tensorflow as tf
 from tfdist.horovod.compression import Compression
 from tfdist.horovod.runtime import runtime
 from tfdist.horovod.unsupported import unsupported
+from tfdist.strategy.communication import RING_BYTES_PER_PACK
+from tfdist.strategy.compression import PIECES_AFTER
 
 __all__ = [
     "Adasum",
@@ -120,20 +123,32 @@ def _scale(tensor, factor):
     return tf.cast(tf.cast(tensor, tf.float64) * factor, tensor.dtype)
 
 
-def _reduce_packed(tensors: List, merge_op: str) -> List:
-    """All-reduces `tensors` with one collective per dtype (flattened and concatenated)."""
+def _reduce_flat(flat, merge_op: str):
+    """All-reduces a flat tensor: as one collective, or, past `PIECES_AFTER` packs, in pieces
+    of a pack (TensorFlow's ring moves several messages of a few MiB faster than one large
+    one: the strategy's own default, docs/concepts/communication.md)."""
     rt = runtime()
+    elements = flat.shape.num_elements()
+    size = None if elements is None else elements * flat.dtype.size
+    if size is None or size <= PIECES_AFTER * RING_BYTES_PER_PACK:
+        return rt.reduce(flat, merge_op)
+    count = -(-size // RING_BYTES_PER_PACK)
+    sizes = [elements // count + (1 if i < elements % count else 0) for i in range(count)]
+    return tf.concat([rt.reduce(piece, merge_op) for piece in tf.split(flat, sizes)], axis=0)
+
+
+def _reduce_packed(tensors: List, merge_op: str) -> List:
+    """All-reduces `tensors` packed by dtype: each dtype's tensors flattened and concatenated
+    into one buffer (Horovod's tensor fusion), reduced by `_reduce_flat`."""
     out: List = [None] * len(tensors)
     by_dtype = {}
     for i, tensor in enumerate(tensors):
         by_dtype.setdefault(tensor.dtype, []).append(i)
     for _, indices in sorted(by_dtype.items(), key=lambda item: item[0].name):
-        if len(indices) == 1:
-            out[indices[0]] = rt.reduce(tensors[indices[0]], merge_op)
-            continue
         flat = tf.concat([tf.reshape(tensors[i], [-1]) for i in indices], axis=0)
         sizes = [tf.size(tensors[i]) for i in indices]
-        pieces = tf.split(rt.reduce(flat, merge_op), sizes)
+        reduced = _reduce_flat(flat, merge_op)
+        pieces = tf.split(reduced, sizes) if len(indices) > 1 else [reduced]
         for i, piece in zip(indices, pieces):
             out[i] = tf.reshape(piece, tf.shape(tensors[i]))
     return out
