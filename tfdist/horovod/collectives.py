@@ -132,9 +132,11 @@ def _reduce_flat(flat, merge_op: str):
     size = None if elements is None else elements * flat.dtype.size
     if size is None or size <= PIECES_AFTER * RING_BYTES_PER_PACK:
         return rt.reduce(flat, merge_op)
+    rt.count(flat)
     count = -(-size // RING_BYTES_PER_PACK)
     sizes = [elements // count + (1 if i < elements % count else 0) for i in range(count)]
-    return tf.concat([rt.reduce(piece, merge_op) for piece in tf.split(flat, sizes)], axis=0)
+    pieces = tf.split(flat, sizes)
+    return tf.concat([rt.reduce(piece, merge_op, counted=True) for piece in pieces], axis=0)
 
 
 def _reduce_packed(tensors: List, merge_op: str) -> List:
@@ -145,7 +147,8 @@ def _reduce_packed(tensors: List, merge_op: str) -> List:
     for i, tensor in enumerate(tensors):
         by_dtype.setdefault(tensor.dtype, []).append(i)
     for _, indices in sorted(by_dtype.items(), key=lambda item: item[0].name):
-        flat = tf.concat([tf.reshape(tensors[i], [-1]) for i in indices], axis=0)
+        flats = [tf.reshape(tensors[i], [-1]) for i in indices]
+        flat = flats[0] if len(flats) == 1 else tf.concat(flats, axis=0)
         sizes = [tf.size(tensors[i]) for i in indices]
         reduced = _reduce_flat(flat, merge_op)
         pieces = tf.split(reduced, sizes) if len(indices) > 1 else [reduced]

@@ -107,13 +107,15 @@ class Runtime:
                 self.options = options
             return self._launcher
 
-    def reduce(self, tensor, merge_op: str = "Add"):
-        """One all-reduce of `tensor` over every rank ("Add", "Min", "Max" or "Mul")."""
+    def reduce(self, tensor, merge_op: str = "Add", counted: bool = False):
+        """One all-reduce of `tensor` over every rank ("Add", "Min", "Max" or "Mul");
+        `counted`: its bytes are already in `payload_bytes`."""
         launcher = self.launcher()
         all_reduce_v2 = COLLECTIVE_OPS.get()
         import tensorflow as tf
 
-        self._count(tensor)
+        if not counted:
+            self.count(tensor)
         instance_key = launcher._next_instance_key()  # pylint: disable=protected-access
         token = launcher._get_ordering_token()  # pylint: disable=protected-access
         with tf.device(self.device):
@@ -132,10 +134,11 @@ class Runtime:
     def gather(self, tensor):
         """All-gather along the first dimension; every rank's first dimension is the same."""
         launcher = self.launcher()
-        self._count(tensor)
+        self.count(tensor)
         return launcher._all_gather(tensor, None)  # pylint: disable=protected-access
 
-    def _count(self, tensor) -> None:
+    def count(self, tensor) -> None:
+        """Adds the bytes of `tensor` to `payload_bytes` (when the step runs)."""
         import tensorflow as tf
 
         if self._payload is None:
