@@ -87,18 +87,6 @@ def schedule(cfg: dict) -> list:
     return turns
 
 
-def _wait_turn(directory: str, index: int, timeout: float = 900.0) -> None:
-    """Waits until both processes of the previous turn's job have finished it."""
-    if index == 0:
-        return
-    paths = [os.path.join(directory, f"done-{index - 1}-{w}") for w in (0, 1)]
-    end = time.monotonic() + timeout
-    while not all(os.path.exists(p) for p in paths):
-        if time.monotonic() > end:
-            raise TimeoutError(f"turn {index} never came")
-        time.sleep(0.005)
-
-
 def variant_job(job: str, directory: str, cfg: dict) -> dict:
     """In each process of one job ("tf", "tfdist", "ring"): {variant: {size: [GB/s per turn]}}.
 
@@ -123,7 +111,7 @@ def variant_job(job: str, directory: str, cfg: dict) -> dict:
     for index, (_, mib, variant) in enumerate(schedule(cfg)):
         if variant not in mine:
             continue
-        _wait_turn(directory, index)
+        common.wait_for_scheduled_turn(directory, index)
         count = mib << 18
         if job == "ring":
             data = np.ones(count, np.float32)
@@ -141,7 +129,7 @@ def variant_job(job: str, directory: str, cfg: dict) -> dict:
             assert float(step()) == 2 * strategy.num_replicas_in_sync  # warm-up, and the sum
             seconds = _seconds(lambda step=step: step().numpy(), cfg["reps"])
         out[variant].setdefault(mib, []).append(_gbps(count, seconds))
-        open(os.path.join(directory, f"done-{index}-{me}"), "w").close()
+        common.end_scheduled_turn(directory, index, me)
     if job == "ring":
         send.close()
         recv.close()
@@ -285,7 +273,7 @@ def run(quick: bool) -> list:
     for r in rows:
         r["chart"] = png
         r["settings"] = cfg
-        r["cpu_model"] = cpu_model()
+        r["cpu_model"] = common.cpu_model()
     return rows
 
 
@@ -344,7 +332,7 @@ def knob_job(name: str, group: tuple, directory: str, rounds: int, reps: int) ->
     for index, (_, mib, job, call) in enumerate(knob_turns(rounds, group)):
         if job != name:
             continue
-        _wait_turn(directory, index)
+        common.wait_for_scheduled_turn(directory, index)
         count = mib << 18
         if (mib, call) not in steps:
             parts = int(call.split()[1]) if call.startswith("packs") else 1
@@ -372,7 +360,7 @@ def knob_job(name: str, group: tuple, directory: str, rounds: int, reps: int) ->
         step()
         seconds = _seconds(lambda step=step: step().numpy(), reps)
         out.setdefault(call, {}).setdefault(mib, []).append(_gbps(count, seconds))
-        open(os.path.join(directory, f"done-{index}-{me}"), "w").close()
+        common.end_scheduled_turn(directory, index, me)
     return out
 
 
@@ -425,20 +413,6 @@ def knobs(rounds: int = 3, reps: int = 5) -> dict:
     return results
 
 
-def cpu_model() -> str:
-    """The CPU model from /proc/cpuinfo (for the JSON: bandwidths depend on it)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "unknown"
-
-
 if __name__ == "__main__":
     if "--knobs" in sys.argv:
         found = knobs()
@@ -449,12 +423,12 @@ if __name__ == "__main__":
         path = os.path.join(common.RESULTS_DIR, f"allreduce-knobs-{stamp}.json")
         os.makedirs(common.RESULTS_DIR, exist_ok=True)
         with open(path, "w") as f:
-            json.dump({"cpu_model": cpu_model(), "knobs": found}, f, indent=2)
+            json.dump({"cpu_model": common.cpu_model(), "knobs": found}, f, indent=2)
         print(f"results: {path}")
         sys.exit(0)
     rows = run("--quick" in sys.argv)
     common.print_table(rows)
     stamp = os.path.basename(rows[0]["chart"]).replace("allreduce-", "").replace(".png", "")
     path = os.path.join(common.RESULTS_DIR, f"allreduce-{stamp}.json")
-    common.write_json(rows, {"benchmark": "allreduce", "cpu_model": cpu_model()}, path)
+    common.write_json(rows, {"benchmark": "allreduce", "cpu_model": common.cpu_model()}, path)
     print(f"results: {path}\nchart: {rows[0]['chart']}")

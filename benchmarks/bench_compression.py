@@ -28,7 +28,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-from bench_allreduce import _wait_turn  # noqa: E402
 
 MODELS = {
     "communication-bound": {"layers": (1024, 2048, 2048, 1024), "batch": 32, "steps": 25},
@@ -90,7 +89,7 @@ def job(side: str, directory: str, rounds: int) -> dict:
     for index, (_, name, variant) in enumerate(schedule(rounds)):
         if (variant == "tf default") != (side == "tf"):
             continue
-        _wait_turn(directory, index, timeout=600)
+        common.wait_for_scheduled_turn(directory, index, timeout=600)
         spec = MODELS[name]
         if (name, variant) not in built:
             if side == "tfdist":
@@ -104,7 +103,7 @@ def job(side: str, directory: str, rounds: int) -> dict:
         seconds = time.perf_counter() - start
         examples = spec["steps"] * spec["batch"] * strategy.num_replicas_in_sync
         out.setdefault(variant, {}).setdefault(name, []).append(examples / seconds)
-        open(os.path.join(directory, f"done-{index}-{me}"), "w").close()
+        common.end_scheduled_turn(directory, index, me)
     return out
 
 

@@ -54,18 +54,6 @@ def feature_spec() -> dict:
     }
 
 
-def cpu_model() -> str:
-    """The host's CPU model name, from /proc/cpuinfo ("unknown" elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
 def write_tfrecords(directory: str, examples: int, files: int) -> list:
     import numpy as np
     import tensorflow as tf
@@ -355,12 +343,14 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args(argv)
 
+    import common  # beside this file: on sys.path when it runs as a script
+
     started = time.perf_counter()
     report = {
         "input": bench_input(args),
         "training": bench_training(args),
         "cpu_count": os.cpu_count(),
-        "cpu_model": cpu_model(),
+        "cpu_model": common.cpu_model(),
     }
     inp, train = report["input"], report["training"]
     report["ratios"] = {

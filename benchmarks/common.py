@@ -316,11 +316,43 @@ def end_turn(directory: str, sides: Sequence[str], side: str, key, timeout: floa
 
 
 def _wait_for_file(path: str, timeout: float) -> None:
+    _wait_for_files([path], timeout, "the other side never finished its turn")
+
+
+def _wait_for_files(paths: Sequence[str], timeout: float, what: str) -> None:
     end = time.monotonic() + timeout
-    while not os.path.exists(path):
+    while not all(os.path.exists(p) for p in paths):
         if time.monotonic() > end:
-            raise TimeoutError(f"the other side never finished its turn: {path}")
-        time.sleep(0.01)
+            raise TimeoutError(f"{what}: {[p for p in paths if not os.path.exists(p)]}")
+        time.sleep(0.005)
+
+
+def wait_for_scheduled_turn(
+    directory: str, index: int, processes: int = 2, timeout: float = 900.0
+) -> None:
+    """Turns by a schedule shared by several concurrent jobs: returns when every process of the
+    job that had turn `index - 1` marked it done (`end_scheduled_turn`)."""
+    if index == 0:
+        return
+    paths = [os.path.join(directory, f"done-{index - 1}-{w}") for w in range(processes)]
+    _wait_for_files(paths, timeout, f"turn {index} never came")
+
+
+def end_scheduled_turn(directory: str, index: int, process: int) -> None:
+    """Marks turn `index` done by this job's process `process`."""
+    open(os.path.join(directory, f"done-{index}-{process}"), "w").close()
+
+
+def cpu_model() -> str:
+    """The host's CPU model name, from /proc/cpuinfo (bandwidths and ratios depend on it)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def run_fresh(
