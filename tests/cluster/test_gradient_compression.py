@@ -2,10 +2,20 @@
 
 One 2-process multi_worker_mirrored job trains two real small tasks (sklearn's digits
 classifier, and a regression on sklearn's diabetes data) from several seeds with each
-compression, and compares the losses after the same steps.
+compression, and compares the losses after the same steps; the same job checks a custom loop's
+step exactly and `tfdist.fit`. Under tf_keras: a job of its own. Mirrored:
+tests/inprocess/test_compression_mirrored.py.
 """
 
 import pytest
+
+from helpers.compression import (
+    NOT_BFLOAT16,
+    OVER_FLOAT16,
+    build_digits_classifier,
+    one_step,
+    within_one_percent,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -45,14 +55,15 @@ def compressed_training():
     sums = {}
     for mode in MODES:
         compress_multi_worker(strategy, mode)
-        # 36 MB: all-reduced in 4 MiB pieces (tfdist's default on the ring), the last one short;
+        # 72 MB: all-reduced in 16 MiB pieces (tfdist's default on the ring), the last one short;
         # 40960 per replica (exact in both types): a float16 sum would overflow (65504)
         # without fp16's prescaling
         sums[str(mode)] = [
-            _sum_ends(tf, strategy, 9_000_003, 1.5),
+            _sum_ends(tf, strategy, 18_000_003, 1.5),
             _sum_ends(tf, strategy, 4096, 40960.0),
         ]
     tasks, np = _tasks()
+    digits_x, digits_y = tasks["digits"][:2]
     losses = {}
     for name, (x, y, outputs, loss) in tasks.items():
         for seed in SEEDS:
@@ -82,7 +93,23 @@ def compressed_training():
                 losses.setdefault(name, {}).setdefault(seed, {})[str(mode)] = float(
                     history.history["loss"][-1]
                 )
-    return {"reported": reported, "losses": losses, "sums": sums}
+    # a custom loop's step, and tfdist.fit (the digits classifier, seed 0)
+    steps, fitted = {}, {}
+    for mode in MODES:
+        compress_multi_worker(strategy, mode)
+        steps[str(mode)] = one_step(keras, tf, strategy, NOT_BFLOAT16)
+        history = tfdist.fit(
+            lambda: build_digits_classifier(keras, seed=0),
+            (digits_x, digits_y),
+            strategy=strategy,
+            global_batch_size=64,
+            steps_per_epoch=STEPS,
+            verbose=0,
+        )
+        fitted[str(mode)] = float(history.history["loss"][-1])
+    compress_multi_worker(strategy, "fp16")
+    steps["fp16 past float16"] = one_step(keras, tf, strategy, OVER_FLOAT16)
+    return {"reported": reported, "losses": losses, "sums": sums, "steps": steps, "fit": fitted}
 
 
 def _sum_ends(tf, strategy, size, fill):
@@ -122,6 +149,15 @@ def test_bf16_and_fp16_compression_keep_the_loss_within_one_percent(run_cluster)
         for mode in ("bf16", "fp16")
     ]
     assert any(changed), "the compressed runs equal the uncompressed ones: nothing was cast"
+    # a custom loop: bfloat16 rounds each worker's (1 + 2**-10) / 2 to 1/2; float16 holds it,
+    # and its prescaling keeps a sum past 65504 finite
+    assert results[0]["steps"] == {
+        "None": -NOT_BFLOAT16,
+        "bf16": -1.0,
+        "fp16": -NOT_BFLOAT16,
+        "fp16 past float16": -OVER_FLOAT16,
+    }
+    assert not within_one_percent(results[0]["fit"]), results[0]["fit"]  # tfdist.fit
 
 
 def legacy_compressed_training():

@@ -325,6 +325,80 @@ def _the_chiefs_value_everywhere(values) -> Optional[str]:
     return f"not the chief's initial value on every worker: {wrong}" if wrong else None
 
 
+def fit_datasets_from_function(strategy):
+    """model.fit / evaluate of `strategy.distribute_datasets_from_function(...)`: the losses."""
+    tf, k = _tf(), _keras()
+    x, y = scenarios.regression_data()
+
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(32)
+        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch)
+
+    data = strategy.distribute_datasets_from_function(dataset_fn)
+    with strategy.scope():
+        model = k.Sequential([k.Input((x.shape[1],)), k.layers.Dense(1)])
+        model.compile(optimizer=k.optimizers.SGD(0.05), loss="mse")
+    history = model.fit(data, steps_per_epoch=4, epochs=2, verbose=0)
+    return {"fit": history.history["loss"], "evaluate": model.evaluate(data, steps=2, verbose=0)}
+
+
+def _fit_and_evaluate_ran(result) -> Optional[str]:
+    losses = result["fit"] + [result["evaluate"]]
+    if len(result["fit"]) != 2 or not all(np.isfinite(losses)):
+        return f"fit / evaluate gave {result}"
+    return None
+
+
+NOT_BFLOAT16 = 1 + 2**-10  # bfloat16 keeps 8 bits of mantissa: this becomes 1.0
+LARGE = 18_000_003  # float32 elements: 72 MB, 5 pieces of 16 MiB (tfdist.fixes.collectives)
+
+
+def _collective_reduces(function) -> int:
+    """CollectiveReduceV2 ops in a tf.function's graph, its nested functions included."""
+    graph = function.get_concrete_function().graph.as_graph_def()
+    nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+    return sum(node.op == "CollectiveReduceV2" for node in nodes)
+
+
+def all_reduce_on_the_wire(strategy):
+    """The strategy's own all-reduce: the collectives a 72 MB tensor takes, and the sum of
+    NOT_BFLOAT16 on each worker with gradient_compression "bf16" (or why it was refused)."""
+    tf = _tf()
+    from tfdist.strategy.compression import compress_multi_worker
+
+    def summed(size):
+        @tf.function
+        def step():
+            def replica():
+                ctx = tf.distribute.get_replica_context()
+                return ctx.all_reduce("SUM", tf.fill([size], NOT_BFLOAT16))[:1]
+
+            return strategy.run(replica)
+
+        return step
+
+    result = {"collectives": _collective_reduces(summed(LARGE))}
+    try:
+        compress_multi_worker(strategy, "bf16")
+    except RuntimeError as err:
+        result["compressed"] = f"refused: {err}"
+        return result
+    try:
+        value = strategy.experimental_local_results(summed(2048)())[0]
+        result["compressed"] = float(value[0])
+    finally:
+        compress_multi_worker(strategy, None)  # the other proofs of this process: uncompressed
+    return result
+
+
+def _compressed_in_pieces(result) -> Optional[str]:
+    if result["collectives"] != 5:
+        return f"a 72 MB all-reduce took {result['collectives']} collective(s), not 5 pieces"
+    if result["compressed"] != 2.0:
+        return f"bf16 compression: the sum is {result['compressed']!r}, not 2.0 (bfloat16)"
+    return None
+
+
 # -------------------------------------------------------------------------- parameter_server
 
 
@@ -543,6 +617,15 @@ _PROOFS = [
         ("Trying to access resource", "located in device"),
     ),
     Proof(
+        "distributed_datasets_from_function_in_fit",
+        MIRRORED,
+        "model.fit / evaluate of strategy.distribute_datasets_from_function(...) on 4 replicas "
+        '(upstream: "Unrecognized data type: x=<...DistributedDatasetsFromFunction ...>")',
+        fit_datasets_from_function,
+        _one(_fit_and_evaluate_ran),
+        ("Unrecognized data type",),
+    ),
+    Proof(
         "multi_worker_mean_of_metric_results",
         MULTI_WORKER,
         "fit / evaluate / predict on 2 workers give the same global logs on both (upstream: "
@@ -578,6 +661,14 @@ _PROOFS = [
         unsigned_variable,
         _the_chiefs_value_everywhere,
         ("Value for attr 'T' of uint32 is not in the list of allowed values",),
+    ),
+    Proof(
+        "multi_worker_all_reduce_compressed_in_pieces",
+        MULTI_WORKER,
+        "a 72 MB all-reduce on 2 workers goes as 5 pieces of 16 MiB, and gradient_compression="
+        '"bf16" sums bfloat16 values (upstream: one message, and no compression)',
+        all_reduce_on_the_wire,
+        _one(_compressed_in_pieces),
     ),
     Proof(
         "parameter_server_atomic_assign_add",

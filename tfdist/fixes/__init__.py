@@ -1,10 +1,11 @@
 """Fixes of Keras 3 and TensorFlow internals under tf.distribute, as checked records.
 
-One module per area: `replicas` (mirrored and every strategy), `uneven_batches`,
-`multi_worker`, `callbacks`, `parameter_server`, and `tensorflow` (TensorFlow internals tfdist
-reads). `record` says what a
-fix is; `registry` holds them all and applies them. `tfdist.make_strategy` calls
-`apply_fixes()`; users call nothing else.
+One module per area: `replicas` (mirrored and every strategy), `uneven_batches`, `datasets`
+(Keras' data adapters and tf.distribute's datasets), `multi_worker`, `callbacks`,
+`parameter_server`, `tensorflow` (TensorFlow internals tfdist reads) and `collectives`
+(MultiWorkerMirroredStrategy's all-reduce: compression and pieces).
+`record` says what a fix is; `registry` holds them all and applies them.
+`tfdist.make_strategy` calls `apply_fixes()`; users call nothing else.
 """
 
 from tfdist.fixes.record import CompatibilityWarning, Fix, FixStatus, Internal, Target

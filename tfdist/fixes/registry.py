@@ -19,6 +19,8 @@ from typing import Mapping, Optional
 from tfdist import flavour, releases, settings
 from tfdist.fixes import (
     callbacks,
+    collectives,
+    datasets,
     multi_worker,
     parameter_server,
     replicas,
@@ -38,7 +40,16 @@ from tfdist.fixes.record import (
 
 FIXES = {
     fix.name: fix
-    for module in (replicas, uneven_batches, multi_worker, callbacks, parameter_server, tensorflow)
+    for module in (
+        replicas,
+        uneven_batches,
+        datasets,
+        multi_worker,
+        callbacks,
+        parameter_server,
+        tensorflow,
+        collectives,
+    )
     for fix in module.FIXES
 }
 
@@ -168,6 +179,12 @@ def apply_fixes(records=None) -> list:
 
 def applied() -> list:
     return sorted(n for n, s in _STATUS.items() if s.state == APPLIED)
+
+
+def status(name: str) -> Optional[FixStatus]:
+    """The FixStatus `apply_fixes` gave fix `name` in this process (None: not considered yet,
+    or turned off)."""
+    return _STATUS.get(name)
 
 
 def markdown_table() -> str:

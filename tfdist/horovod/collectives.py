@@ -7,8 +7,8 @@ program order). In a job of one process they return their input (scaled as asked
 communicating.
 
 - A grouped all-reduce packs the tensors of one wire dtype into one buffer: one collective per
-  dtype, whatever the number of tensors (Horovod's tensor fusion); a buffer of more than 32 MiB
-  goes in pieces of 4 MiB, as the strategy's own all-reduce does.
+  dtype, whatever the number of tensors (Horovod's tensor fusion); a buffer of more than 64 MiB
+  goes in pieces of 16 MiB, as the strategy's own all-reduce does.
 - `allgather` takes tensors whose first dimension differs between ranks (it gathers the sizes,
   pads to the largest, gathers, then drops the padding).
 - `broadcast` is an all-reduce of the root's tensor with zeros from the others: exact for every
@@ -27,11 +27,10 @@ from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
 
+from tfdist.fixes.collectives import PIECE_BYTES, PIECES_AFTER
 from tfdist.horovod.compression import Compression
 from tfdist.horovod.runtime import runtime
 from tfdist.horovod.unsupported import unsupported
-from tfdist.strategy.communication import RING_BYTES_PER_PACK
-from tfdist.strategy.compression import PIECES_AFTER
 
 __all__ = [
     "Adasum",
@@ -124,16 +123,16 @@ def _scale(tensor, factor):
 
 
 def _reduce_flat(flat, merge_op: str):
-    """All-reduces a flat tensor: as one collective, or, past `PIECES_AFTER` packs, in pieces
-    of a pack (TensorFlow's ring moves several messages of a few MiB faster than one large
+    """All-reduces a flat tensor: as one collective, or, past `PIECES_AFTER` pieces, in pieces
+    of `PIECE_BYTES` (TensorFlow's ring moves several messages of 16 MiB faster than one large
     one: the strategy's own default, docs/concepts/communication.md)."""
     rt = runtime()
     elements = flat.shape.num_elements()
     size = None if elements is None else elements * flat.dtype.size
-    if size is None or size <= PIECES_AFTER * RING_BYTES_PER_PACK:
+    if size is None or size <= PIECES_AFTER * PIECE_BYTES:
         return rt.reduce(flat, merge_op)
     rt.count(flat)
-    count = -(-size // RING_BYTES_PER_PACK)
+    count = -(-size // PIECE_BYTES)
     sizes = [elements // count + (1 if i < elements % count else 0) for i in range(count)]
     pieces = tf.split(flat, sizes)
     return tf.concat([rt.reduce(piece, merge_op, counted=True) for piece in pieces], axis=0)

@@ -21,28 +21,39 @@ largest of them) and multiplies by it after the cast back. Values smaller than f
 subnormal (6e-8) times the number of replicas become 0. bfloat16 keeps float32's exponent range
 (8 bits) with 8 bits of mantissa: no scaling, about 3 significant digits per value.
 
-multi_worker_mirrored: TensorFlow's MultiWorkerMirroredStrategy takes no cross-device ops, so
-tfdist gives the `CollectiveAllReduce` object it built (`strategy.extended._cross_device_ops`,
-checked to be one) the subclass below, which casts in `_all_reduce` (the method every reduction
-of that strategy goes through: batched gradients, `ReplicaContext.all_reduce`, `strategy.reduce`).
-The same subclass all-reduces a dense tensor larger than `PIECES_AFTER` times the ring's
-`bytes_per_pack` (tfdist's default 4 MiB: tensors over 32 MiB) in pieces of a pack, one pack
-each: TensorFlow's ring moves one large message at a fraction of the speed of several of a few
-MiB (docs/concepts/communication.md).
+multi_worker_mirrored: TensorFlow's MultiWorkerMirroredStrategy takes no cross-device ops; its
+`CollectiveAllReduce` casts through tfdist's fix record `tfdist.fixes.collectives.ALL_REDUCE`
+(which also all-reduces a dense tensor of more than `PIECES_AFTER` pieces of `PIECE_BYTES`,
+over 64 MiB, in 16 MiB pieces: TensorFlow's ring moves one large message at a fraction of the
+speed of several smaller ones, docs/concepts/communication.md).
+`compress_multi_worker` marks the strategy's object for it.
 The collectives themselves are TensorFlow's (CollectiveReduceV2 has bfloat16 and float16 CPU and
 GPU kernels in every supported release). mirrored: a `CrossDeviceOps` wrapper around the one tfdist
 (or you) picked, passed through MirroredStrategy's public `cross_device_ops=`.
 
-Imports nothing of TensorFlow at import time.
+Imports nothing of TensorFlow at import time. May import: tfdist.fixes.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+from tfdist.fixes.collectives import (
+    ALL_REDUCE,
+    MIN_ELEMENTS,
+    PIECE_BYTES,
+    PIECES_AFTER,
+    compress,
+    compressible,
+    decompress,
+)
+from tfdist.fixes.record import APPLIED
+
 __all__ = [
     "COMPRESSIONS",
     "MIN_ELEMENTS",
+    "PIECES_AFTER",
+    "PIECE_BYTES",
     "check_compression",
     "compress_multi_worker",
     "compressed_cross_device_ops",
@@ -61,8 +72,6 @@ _SPELLINGS = {
     "off": None,
     "": None,
 }
-# Smaller tensors stay float32 (see the module docstring).
-MIN_ELEMENTS = 1024
 _STRATEGIES = ("mirrored", "multi_worker_mirrored")
 
 
@@ -98,157 +107,47 @@ def check_compression(strategy: Optional[str], value) -> Optional[str]:
     return mode
 
 
-def _wire_dtype(mode: str):
-    import tensorflow as tf
-
-    return tf.bfloat16 if mode == "bf16" else tf.float16
-
-
-def _compressible(value) -> bool:
-    import tensorflow as tf
-
-    if not isinstance(value, tf.Tensor) or value.dtype != tf.float32:
-        return False  # IndexedSlices, other dtypes, variables passed as such
-    elements = value.shape.num_elements()
-    return elements is not None and elements >= MIN_ELEMENTS
-
-
-def _compress(value, mode: str, group_size: int):
-    import tensorflow as tf
-
-    if mode == "fp16":
-        value = value * (1.0 / group_size)
-    return tf.cast(value, _wire_dtype(mode))
-
-
-def _decompress(value, mode: str, group_size: int):
-    import tensorflow as tf
-
-    value = tf.cast(value, tf.float32)
-    if mode == "fp16":
-        value = value * float(group_size)
-    return value
-
-
-# A dense tensor of more than this many packs is all-reduced in pieces of a pack: on the ring,
-# 128 MiB as 4 MiB pieces was 2.2x as fast as whole, 16 MiB as 4 MiB pieces no faster than
-# whole once the split and concatenation are paid (benchmarks/bench_allreduce.py).
-PIECES_AFTER = 8
-
-
-def _pieces(value, limit: int) -> int:
-    """How many pieces of at most `limit` bytes a dense tensor is cut into (1: not cut)."""
-    import tensorflow as tf
-
-    if not limit or not isinstance(value, tf.Tensor):
-        return 1
-    elements = value.shape.num_elements()
-    if elements is None or elements * value.dtype.size <= PIECES_AFTER * limit:
-        return 1
-    return -(-elements * value.dtype.size // limit)
-
-
-def _collective_class():
-    from tensorflow.python.distribute import collective_util
-    from tensorflow.python.distribute import cross_device_ops as cdo
-    from tensorflow.python.util import nest
-
-    global _COLLECTIVE
-    if _COLLECTIVE is not None:
-        return _COLLECTIVE
-
-    class TunedCollectiveAllReduce(cdo.CollectiveAllReduce):
-        """TensorFlow's CollectiveAllReduce, with float32 values cast for the wire and large
-        tensors all-reduced in pieces."""
-
-        _tfdist_compression: Optional[str] = None
-        _tfdist_piece_bytes: int = 0
-
-        def _all_reduce(self, reduce_op, value, replica_id, options):
-            import tensorflow as tf
-
-            mode = self._tfdist_compression
-            flat = nest.flatten(value)
-            marks = [mode is not None and _compressible(v) for v in flat]
-            if not any(marks):
-                if not any(_pieces(v, self._tfdist_piece_bytes) > 1 for v in flat):
-                    return super()._all_reduce(reduce_op, value, replica_id, options)
-                back = self._in_pieces(reduce_op, flat, replica_id, options)
-                return nest.pack_sequence_as(value, back)
-            # two batches: TensorFlow packs a batch into one concatenated tensor, one dtype
-            with tf.device(self._devices[replica_id]):
-                sent = [_compress(v, mode, self._group_size) for v, m in zip(flat, marks) if m]
-            kept = [v for v, m in zip(flat, marks) if not m]
-            reduced = self._in_pieces(reduce_op, sent, replica_id, options)
-            with tf.device(self._devices[replica_id]):
-                reduced = [_decompress(v, mode, self._group_size) for v in reduced]
-            if kept:
-                kept = self._in_pieces(reduce_op, kept, replica_id, options)
-            back = [reduced.pop(0) if m else kept.pop(0) for m in marks]
-            return nest.pack_sequence_as(value, back)
-
-        def _in_pieces(self, reduce_op, values, replica_id, options):
-            """All-reduces `values` (a list), tensors larger than the piece size in pieces,
-            each piece its own pack; returns the list of results."""
-            import tensorflow as tf
-
-            limit = self._tfdist_piece_bytes
-            counts = [_pieces(v, limit) for v in values]
-            if max(counts, default=1) == 1:
-                return list(super()._all_reduce(reduce_op, list(values), replica_id, options))
-            sent = []
-            with tf.device(self._devices[replica_id]):
-                for v, count in zip(values, counts):
-                    if count == 1:
-                        sent.append(v)
-                        continue
-                    flat_v = tf.reshape(v, [-1])
-                    size = flat_v.shape[0]
-                    step = -(-size // count)
-                    sizes = [step] * (size // step) + ([size % step] if size % step else [])
-                    sent += tf.split(flat_v, sizes)
-            # a pack closes once it holds more than bytes_per_pack: one piece a pack
-            options = (options or collective_util.Options()).merge(
-                collective_util.Options(bytes_per_pack=max(limit - 1, 1))
-            )
-            reduced = list(super()._all_reduce(reduce_op, sent, replica_id, options))
-            out = []
-            with tf.device(self._devices[replica_id]):
-                for v, count in zip(values, counts):
-                    parts, reduced = reduced[:count], reduced[count:]
-                    out.append(parts[0] if count == 1 else tf.reshape(tf.concat(parts, 0), v.shape))
-            return out
-
-    _COLLECTIVE = TunedCollectiveAllReduce
-    return _COLLECTIVE
-
-
-_COLLECTIVE = None
-
-
 def compress_multi_worker(strategy, mode: Optional[str], piece_bytes: Optional[int] = None) -> None:
     """Makes `strategy` (a MultiWorkerMirroredStrategy) cast its all-reduces for `mode`, and
     all-reduce dense tensors larger than `piece_bytes` in pieces (None: unchanged; 0: whole).
 
+    Both are the fix record `tfdist.fixes.collectives.ALL_REDUCE`, applied by make_strategy.
+    Where it is not applied (turned off with TFDIST_KERAS_FIXES, or its TensorFlow targets
+    changed), pieces are silently left out (the same values) and compression is refused.
+
     Raises:
-        RuntimeError: this TensorFlow's strategy does not reduce through a CollectiveAllReduce
-            (the only form tfdist knows); the message says so instead of training uncompressed.
+        RuntimeError: `mode` is set, but the record is not applied, or this TensorFlow's
+            strategy does not reduce through a CollectiveAllReduce; the message says which,
+            instead of training uncompressed.
     """
     from tensorflow.python.distribute import cross_device_ops as cdo
 
+    from tfdist.fixes import registry
+
     ops = getattr(strategy.extended, "_cross_device_ops", None)
     if not isinstance(ops, cdo.CollectiveAllReduce) or not hasattr(ops, "_group_size"):
+        if mode is None:
+            return
         raise RuntimeError(
             "gradient_compression needs MultiWorkerMirroredStrategy to reduce through "
             "TensorFlow's CollectiveAllReduce (strategy.extended._cross_device_ops), but this "
             f"TensorFlow's strategy has {type(ops).__name__}. HINT: use gradient_compression="
             "None with this TensorFlow release, and report it to tfdist."
         )
-    cls = _collective_class()
-    if mode is None and not piece_bytes and type(ops) is not cls:
-        return
-    if type(ops) is not cls:
-        ops.__class__ = cls  # keeps the launchers, keys and lock TensorFlow set up
+    registry.apply_fixes()
+    status = registry.status(ALL_REDUCE.name) or next(
+        s for s in registry.report() if s.name == ALL_REDUCE.name
+    )
+    if status.state != APPLIED:
+        if mode is None:
+            return
+        state, reason = status.state, status.reason
+        raise RuntimeError(
+            f"gradient_compression={mode!r} on multi_worker_mirrored needs tfdist's fix "
+            f"{ALL_REDUCE.name!r} of TensorFlow's CollectiveAllReduce, which is {state} "
+            f"({reason}). HINT: remove -{ALL_REDUCE.name} from TFDIST_KERAS_FIXES (or unset "
+            "TFDIST_KERAS_FIXES=0), or use gradient_compression=None."
+        )
     ops._tfdist_compression = mode
     if piece_bytes is not None:
         ops._tfdist_piece_bytes = int(piece_bytes)
@@ -281,13 +180,13 @@ def compressed_cross_device_ops(inner, mode: str):
                 parts = list(value.values)
             else:
                 parts = [value]
-            if not all(_compressible(p) for p in parts):
+            if not all(compressible(p) for p in parts):
                 return value, None
             n = len(parts)
             cast = []
             for p in parts:
                 with tf.device(p.device):
-                    cast.append(_compress(p, mode, n))
+                    cast.append(compress(p, mode, n))
             packed = (
                 value_lib.PerReplica(cast) if isinstance(value, value_lib.PerReplica) else cast[0]
             )
@@ -302,10 +201,10 @@ def compressed_cross_device_ops(inner, mode: str):
                 back = []
                 for v in result.values:
                     with tf.device(v.device):
-                        back.append(_decompress(v, mode, n))
+                        back.append(decompress(v, mode, n))
                 return distribute_utils.regroup(back, wrap_class=value_lib.Mirrored)
             with tf.device(result.device):
-                return _decompress(result, mode, n)
+                return decompress(result, mode, n)
 
         def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
             packed, n = self._pack(per_replica_value)

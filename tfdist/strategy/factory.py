@@ -98,8 +98,8 @@ def make_strategy(
         **options: TensorFlow's own options, validated and passed through:
             mirrored: `cross_device_ops`.
             multi_worker_mirrored: `communication_options`, or `bytes_per_pack` (default 4
-                MiB on the ring: gradients packed by 4 MiB, tensors over 32 MiB all-reduced in
-                4 MiB pieces; 0 is TensorFlow's one pack) and
+                MiB on the ring: gradients packed by 4 MiB, tensors over 64 MiB all-reduced in
+                16 MiB pieces; 0 is TensorFlow's one pack, tensors whole) and
                 `timeout_seconds` (per-collective timeout; default TFDIST_COLLECTIVE_TIMEOUT or
                 none: dead peers are detected by heartbeats), and `startup_timeout` (seconds
                 to wait for every worker

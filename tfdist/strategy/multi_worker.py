@@ -18,7 +18,7 @@ from typing import Dict
 from tfdist import flavour, settings, signals
 from tfdist.cluster import ClusterSpec
 from tfdist.strategy.communication import collective_options
-from tfdist.strategy.compression import compress_multi_worker, compression_of
+from tfdist.strategy.compression import PIECE_BYTES, compress_multi_worker, compression_of
 from tfdist.strategy.devices import context, runtime_initialized
 from tfdist.strategy.peers import guarded, interruptible, wait_for_peers
 
@@ -127,11 +127,12 @@ def build_multi_worker(
                 )
         except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as err:
             raise RuntimeError(_startup_failure(cluster, err)) from err
-        # tensors of more than PIECES_AFTER packs are all-reduced in pieces of a pack (ring only,
-        # and only with tfdist's options: communication_options= is TensorFlow's behaviour)
+        # tensors of more than PIECES_AFTER pieces are all-reduced in pieces of PIECE_BYTES (ring
+        # only, and only with tfdist's options: communication_options= is TensorFlow's behaviour)
         nccl = tf.distribute.experimental.CommunicationImplementation.NCCL
         ring = options.implementation != nccl
-        pieces = options.bytes_per_pack if ring and communication_options is None else 0
+        tuned = ring and communication_options is None and options.bytes_per_pack
+        pieces = PIECE_BYTES if tuned else 0  # bytes_per_pack=0: TensorFlow's one pack, whole
         compress_multi_worker(strategy, compression, pieces)
         _MWMS_CACHE[key] = strategy
         if resolver is not None:
