@@ -13,6 +13,7 @@ from helpers.compression import (
     NOT_BFLOAT16,
     OVER_FLOAT16,
     build_digits_classifier,
+    digits,
     one_step,
     within_one_percent,
 )
@@ -26,11 +27,9 @@ STEPS = 40
 
 def _tasks():
     import numpy as np
-    from sklearn.datasets import load_diabetes, load_digits
+    from sklearn.datasets import load_diabetes
 
-    digits = load_digits()
-    x = (digits.data / 16.0).astype("float32")
-    y = digits.target.astype("int32")
+    x, y = digits()
     diabetes = load_diabetes()
     xr = diabetes.data.astype("float32")
     xr = (xr - xr.mean(0)) / xr.std(0)
@@ -169,22 +168,12 @@ def legacy_compressed_training():
 
     strategy = tfdist.make_strategy(gradient_compression="fp16")
     tasks, _ = _tasks()
-    x, y, outputs, loss = tasks["digits"]
-    keras = tf.keras
+    x, y = tasks["digits"][:2]
     losses = {}
     for mode in MODES:
         compress_multi_worker(strategy, mode)
-        keras.utils.set_random_seed(0)
         with strategy.scope():
-            model = keras.Sequential(
-                [
-                    keras.Input((x.shape[1],)),
-                    keras.layers.Dense(128, activation="relu"),
-                    keras.layers.Dense(128, activation="relu"),
-                    keras.layers.Dense(outputs, activation="softmax"),
-                ]
-            )
-            model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss)
+            model = build_digits_classifier(tf.keras, seed=0)
         data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(64, drop_remainder=True)
         history = model.fit(data, steps_per_epoch=STEPS, epochs=1, verbose=0)
         losses[str(mode)] = float(history.history["loss"][-1])

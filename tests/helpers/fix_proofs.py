@@ -26,6 +26,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import numpy as np
 
 from helpers import keras_scenarios as scenarios
+from helpers.compression import NOT_BFLOAT16
 
 MIRRORED, MULTI_WORKER, PARAMETER_SERVER = "mirrored", "multi_worker_mirrored", "parameter_server"
 KINDS = (MIRRORED, MULTI_WORKER, PARAMETER_SERVER)
@@ -349,7 +350,6 @@ def _fit_and_evaluate_ran(result) -> Optional[str]:
     return None
 
 
-NOT_BFLOAT16 = 1 + 2**-10  # bfloat16 keeps 8 bits of mantissa: this becomes 1.0
 LARGE = 18_000_003  # float32 elements: 72 MB, 5 pieces of 16 MiB (tfdist.fixes.collectives)
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "compress",
     "compressible",
     "decompress",
+    "piece_sizes",
     "pieces",
 ]
 
@@ -92,6 +93,11 @@ def pieces(value, limit: int) -> int:
     return -(-elements * value.dtype.size // limit)
 
 
+def piece_sizes(elements: int, count: int) -> list:
+    """`elements` split into `count` pieces that differ by at most one element, largest first."""
+    return [elements // count + (1 if i < elements % count else 0) for i in range(count)]
+
+
 ALL_REDUCE = Fix(
     name="multi_worker_all_reduce_compressed_in_pieces",
     summary=(
@@ -147,10 +153,8 @@ def _fix_all_reduce():
                 if count == 1:
                     sent.append(v)
                     continue
-                flat = tf.reshape(v, [-1])
-                size = flat.shape[0]
-                sizes = [size // count + (1 if i < size % count else 0) for i in range(count)]
-                sent += tf.split(flat, sizes)
+                sizes = piece_sizes(v.shape.num_elements(), count)
+                sent += tf.split(tf.reshape(v, [-1]), sizes)
                 smallest = min(smallest, sizes[-1] * v.dtype.size)
         # TensorFlow closes a pack once it holds more than bytes_per_pack (walking the tensors
         # from the last): with less than the smallest piece, every piece is a pack of its own
@@ -188,7 +192,6 @@ def _fix_all_reduce():
         back = [reduced.pop(0) if m else kept.pop(0) for m in marks]
         return nest.pack_sequence_as(value, back)
 
-    _all_reduce._tfdist_original = original
     cls._all_reduce = _all_reduce
 
 

@@ -27,7 +27,7 @@ from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
 
-from tfdist.fixes.collectives import PIECE_BYTES, PIECES_AFTER
+from tfdist.fixes.collectives import PIECE_BYTES, piece_sizes, pieces
 from tfdist.horovod.compression import Compression
 from tfdist.horovod.runtime import runtime
 from tfdist.horovod.unsupported import unsupported
@@ -127,15 +127,12 @@ def _reduce_flat(flat, merge_op: str):
     of `PIECE_BYTES` (TensorFlow's ring moves several messages of 16 MiB faster than one large
     one: the strategy's own default, docs/concepts/communication.md)."""
     rt = runtime()
-    elements = flat.shape.num_elements()
-    size = None if elements is None else elements * flat.dtype.size
-    if size is None or size <= PIECES_AFTER * PIECE_BYTES:
+    count = pieces(flat, PIECE_BYTES)
+    if count == 1:
         return rt.reduce(flat, merge_op)
     rt.count(flat)
-    count = -(-size // PIECE_BYTES)
-    sizes = [elements // count + (1 if i < elements % count else 0) for i in range(count)]
-    pieces = tf.split(flat, sizes)
-    return tf.concat([rt.reduce(piece, merge_op, counted=True) for piece in pieces], axis=0)
+    parts = tf.split(flat, piece_sizes(flat.shape.num_elements(), count))
+    return tf.concat([rt.reduce(part, merge_op, counted=True) for part in parts], axis=0)
 
 
 def _reduce_packed(tensors: List, merge_op: str) -> List:
@@ -150,8 +147,8 @@ def _reduce_packed(tensors: List, merge_op: str) -> List:
         flat = flats[0] if len(flats) == 1 else tf.concat(flats, axis=0)
         sizes = [tf.size(tensors[i]) for i in indices]
         reduced = _reduce_flat(flat, merge_op)
-        pieces = tf.split(reduced, sizes) if len(indices) > 1 else [reduced]
-        for i, piece in zip(indices, pieces):
+        parts = tf.split(reduced, sizes) if len(indices) > 1 else [reduced]
+        for i, piece in zip(indices, parts):
             out[i] = tf.reshape(piece, tf.shape(tensors[i]))
     return out
 
