@@ -14,8 +14,12 @@ $(STAMP): setup.cfg setup.py
 
 install: $(STAMP)
 
+# Two pytest processes, each running whole test files: a multi-process test leaves the cores
+# idle while its processes start, wait on each other or on a timeout, and the other fills them.
+XDIST ?= -n 2 --dist loadfile
+
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The version matrix (tfdist/releases.py): the README's scenarios on every TensorFlow / Keras
 # pair, each in its own uv virtualenv under .nox (reused), then one table. NOX_ARGS narrows it.
@@ -24,7 +28,7 @@ test-matrix: $(STAMP)
 
 # The scenarios on the oldest pair only (CI runs this after `make test` on the newest).
 test-oldest: $(STAMP)
-	$(VENV)/bin/nox -s oldest
+	$(VENV)/bin/nox -s oldest $(NOX_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

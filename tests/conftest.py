@@ -160,12 +160,18 @@ SCENARIOS = {
 }
 
 
-def _scenario_of(item):
-    """The README row `item` proves: its "tier/test_file.py::test_name[id]" against the prefixes."""
-    path = _path_in_tests(item)
-    if path is None:
+_CONFIG = []  # the session's pytest config (pytest_runtest_logreport gets no config)
+
+
+def _scenario_of(nodeid):
+    """The README row a test proves: its "tier/test_file.py::test_name[id]" (from its node id,
+    "tests/tier/test_file.py::test_name[id]") against the prefixes."""
+    file, _, rest = nodeid.partition("::")
+    try:
+        path = (_CONFIG[0].rootpath / file).resolve().relative_to(TESTS).as_posix()
+    except ValueError:
         return None
-    test_id = f"{path}::{item.nodeid.split('::', 1)[1]}"
+    test_id = f"{path}::{rest}"
     for name, prefixes in SCENARIOS.items():
         if any(test_id.startswith(prefix) for prefix in prefixes):
             return name
@@ -191,6 +197,7 @@ def pytest_configure(config):
     for tier, meaning in TIERS.items():
         config.addinivalue_line("markers", f"{tier}: {meaning}; set from the directory")
     config._scenario_outcomes = {}
+    _CONFIG[:] = [config]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -198,28 +205,28 @@ def pytest_collection_modifyitems(config, items):
         tier = _tier_of(item)
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
-        name = _scenario_of(item)
+        name = _scenario_of(item.nodeid)
         if name:
             item.add_marker(pytest.mark.scenario(name))
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    marker = item.get_closest_marker("scenario")
-    if marker is None or (report.when != "call" and report.passed):
+def pytest_runtest_logreport(report):
+    """Each scenario test's outcome. This hook runs where the reports arrive: in the pytest
+    process, or under pytest-xdist (`make test`) in the controller, which writes the report."""
+    if report.when != "call" and report.passed:
         return
-    results = item.config._scenario_outcomes.setdefault(marker.args[0], {})
-    previous = results.get(item.nodeid)
-    if previous in ("failed",):  # a failed setup or call stays failed
+    name = _scenario_of(report.nodeid)
+    if name is None:
         return
-    results[item.nodeid] = "failed" if report.failed else report.outcome
+    results = _CONFIG[0]._scenario_outcomes.setdefault(name, {})
+    if results.get(report.nodeid) == "failed":  # a failed setup or call stays failed
+        return
+    results[report.nodeid] = "failed" if report.failed else report.outcome
 
 
 def pytest_sessionfinish(session):
     path = session.config.getoption("--scenario-report")
-    if path:
+    if path and not hasattr(session.config, "workerinput"):  # an xdist worker has a part
         import json
 
         with open(path, "w") as out:
