@@ -37,10 +37,15 @@ TIERS = {
 }
 
 
-def _path_in_tests(item):
-    """The item's file relative to tests/ ("cluster/test_x.py"), or None outside tests/."""
+_CONFIG = []  # the session's pytest config (pytest_runtest_logreport gets no config)
+
+
+def _path_in_tests(nodeid):
+    """The file of a test's node id ("tests/cluster/test_x.py::...") relative to tests/
+    ("cluster/test_x.py"), or None outside tests/."""
     try:
-        return pathlib.Path(item.path).resolve().relative_to(TESTS).as_posix()
+        file = _CONFIG[0].rootpath / nodeid.partition("::")[0]
+        return file.resolve().relative_to(TESTS).as_posix()
     except ValueError:
         return None
 
@@ -160,18 +165,13 @@ SCENARIOS = {
 }
 
 
-_CONFIG = []  # the session's pytest config (pytest_runtest_logreport gets no config)
-
-
 def _scenario_of(nodeid):
     """The README row a test proves: its "tier/test_file.py::test_name[id]" (from its node id,
     "tests/tier/test_file.py::test_name[id]") against the prefixes."""
-    file, _, rest = nodeid.partition("::")
-    try:
-        path = (_CONFIG[0].rootpath / file).resolve().relative_to(TESTS).as_posix()
-    except ValueError:
+    path = _path_in_tests(nodeid)
+    if path is None:
         return None
-    test_id = f"{path}::{rest}"
+    test_id = f"{path}::{nodeid.partition('::')[2]}"
     for name, prefixes in SCENARIOS.items():
         if any(test_id.startswith(prefix) for prefix in prefixes):
             return name
@@ -179,7 +179,7 @@ def _scenario_of(nodeid):
 
 
 def _tier_of(item):
-    path = _path_in_tests(item)
+    path = _path_in_tests(item.nodeid)
     tier = path.split("/")[0] if path else None
     return tier if tier in TIERS else None
 
