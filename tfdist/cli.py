@@ -25,7 +25,7 @@ from typing import List, Mapping, Optional, Sequence
 
 from tfdist import settings
 from tfdist.cluster import ClusterConfigError, ClusterSpec, detect_cluster, detect_environment
-from tfdist.strategy.registry import CLI_CHOICES
+from tfdist.strategy.registry import CLI_CHOICES, POOLED, WITH_ALL_REDUCE
 
 
 def _hosts(values: Optional[List[str]]) -> List[str]:
@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--gradient-compression",
         "--gradient_compression",
         choices=("bf16", "fp16", "none"),
-        help="cast float32 gradients for the all-reduce of mirrored and multi_worker_mirrored "
+        help=f"cast float32 gradients for the all-reduce of {' and '.join(WITH_ALL_REDUCE)} "
         "(sets TFDIST_GRADIENT_COMPRESSION; default none)",
     )
     lau.add_argument(
@@ -220,8 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument(
         "--strategies",
         type=lambda text: [part.strip() for part in text.split(",") if part.strip()],
-        help="comma-separated, the first is the reference (default: one_device, mirrored, "
-        "multi_worker_mirrored, parameter_server)",
+        help=f"comma-separated, the first is the reference (default: {', '.join(POOLED)})",
     )
     ver.add_argument("--global-batch-size", "--global_batch_size", type=_positive_int)
     ver.add_argument("--steps", type=_positive_int, help="steps per epoch (default 4)")

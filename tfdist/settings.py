@@ -45,8 +45,19 @@ class Setting:
     read_by: str
     default_doc: str = ""
 
-    def get(self, env: Optional[Mapping[str, str]] = None) -> Any:
+    def get(
+        self,
+        env: Optional[Mapping[str, str]] = None,
+        check: Optional[Callable[[Any], Any]] = None,
+    ) -> Any:
         """The parsed value of the variable in `env` (default `os.environ`), or the default.
+
+        Args:
+            env: mapping. Defaults to `os.environ`.
+            check: callable. A further parse of the parsed value (when it is not None), by the
+                module that owns the vocabulary this one does not (the strategy names are
+                `tfdist.strategy.registry`'s, and this module imports no other); it raises
+                ValueError saying what is allowed, as `parse` does.
 
         Raises:
             ValueError: the variable is set to a value it does not take.
@@ -56,7 +67,8 @@ class Setting:
         if value is None:
             return self.default
         try:
-            return self.parse(value)
+            parsed = self.parse(value)
+            return parsed if check is None or parsed is None else check(parsed)
         except ValueError as err:
             raise ValueError(
                 f"{self.name} must be {err}. Received: {self.name}={value!r}. HINT: correct "
@@ -68,18 +80,6 @@ class Setting:
 
 _OFF = ("0", "false", "no", "off")
 
-# The names `make_strategy` takes (tfdist.strategy.STRATEGY_NAMES and its alias "off"; a test
-# checks that the two agree).
-_STRATEGY_NAMES = (
-    "auto",
-    "one_device",
-    "mirrored",
-    "multi_worker_mirrored",
-    "parameter_server",
-    "default",
-    "off",
-)
-
 
 class KerasFixes(NamedTuple):
     """The value of TFDIST_KERAS_FIXES: are the fixes on, and which are turned off by name."""
@@ -89,11 +89,12 @@ class KerasFixes(NamedTuple):
 
 
 def _strategy(value: str) -> Optional[str]:
-    """A strategy name, lower case with "_" for "-"; None when blank."""
-    key = value.strip().lower().replace("-", "_")
-    if key and key not in _STRATEGY_NAMES:
-        raise ValueError(f"a strategy name: one of {', '.join(_STRATEGY_NAMES)}")
-    return key or None
+    """A strategy name as written, lower case with "_" for "-"; None when blank.
+
+    Which names there are is the strategy registry's to say: `make_strategy` reads this
+    setting with `check=tfdist.strategy.registry.known_name`.
+    """
+    return value.strip().lower().replace("-", "_") or None
 
 
 def _lower_or_none(value: str) -> Optional[str]:

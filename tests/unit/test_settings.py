@@ -32,8 +32,9 @@ CASES = {
             ("auto", "auto"),
             ("", None),
             ("  ", None),
+            ("mirored", "mirored"),
         ],
-        ["mirored", "-", "one device"],
+        [],  # which names there are is the registry's: tests/unit/test_strategy_registry.py
     ),
     settings.COMMUNICATION: (
         [("NCCL", "nccl"), (" ring ", "ring"), ("", None), ("other", "other")],
@@ -127,10 +128,21 @@ def test_get_reads_os_environ_by_default(monkeypatch):
     assert settings.NUM_PS.get() == 3 and settings.SLURM_PORT.get() == 8888
 
 
-def test_the_strategy_names_are_those_of_make_strategy():
-    from tfdist.strategy import registry
+def test_a_check_parses_the_value_further_and_its_error_names_the_variable():
+    def check(value):
+        if value != "mirrored":
+            raise ValueError("mirrored")
+        return "checked"
 
-    assert settings._STRATEGY_NAMES == registry.CLI_CHOICES
+    assert settings.STRATEGY.get({"TFDIST_STRATEGY": "Mirrored"}, check=check) == "checked"
+    assert settings.STRATEGY.get({}, check=check) is None  # unset: the default, unchecked
+    assert settings.STRATEGY.get({"TFDIST_STRATEGY": " "}, check=check) is None
+    with pytest.raises(ValueError) as info:
+        settings.STRATEGY.get({"TFDIST_STRATEGY": "Mirored"}, check=check)
+    assert str(info.value) == (
+        "TFDIST_STRATEGY must be mirrored. Received: TFDIST_STRATEGY='Mirored'. HINT: correct "
+        "the value, or unset TFDIST_STRATEGY for the default."
+    )
 
 
 def test_the_fix_functions_read_the_setting():

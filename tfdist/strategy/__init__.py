@@ -1,11 +1,14 @@
 """Strategies: one name -> one real `tf.distribute.Strategy`, and what it runs on.
 
-- `registry`: one record per strategy (name, aliases, communication choices, options, builder);
-  every list of strategy names in tfdist derives from it.
-- `factory`: `make_strategy` and the pure `resolve_strategy_name` ("auto").
+- `registry`: one record per strategy, with every fact about it (names, options, communication
+  choices, processes, ps job, all-reduce, when "auto" picks it, its test pool, its builder);
+  every list, rule and message about strategies in tfdist derives from it.
+- `factory`: `make_strategy` (its effects on the process in one step) and the pure
+  `resolve_strategy_name` ("auto").
 - `devices`: local GPUs or logical CPUs (`virtual_cpus`).
 - `communication`: the `communication=` vocabulary and the TensorFlow options it becomes.
-- `builders`: one device, mirrored, default, parameter-server strategies.
+- `builders`: one builder per strategy (the one device, mirrored, default and
+  parameter-server strategies; the multi-worker one from `multi_worker`).
 - `multi_worker`: MultiWorkerMirroredStrategy, once per process, and its exit barrier.
 - `servers`: the worker and ps servers of a parameter-server job.
 - `peers`: the wait for a job's peers: bounded, ended by SIGTERM / SIGINT, naming who is missing.

@@ -1,26 +1,31 @@
-"""Building each single-process strategy, and the parameter-server strategy, from checked
-arguments. `tfdist.strategy.registry` names them; `make_strategy` validates the arguments first.
+"""The builders: one function per strategy that makes it from checked arguments.
 
-Each builder takes keyword arguments: cluster, devices (as given, or None), found (the local
-devices), communication (already checked for the strategy), and the strategy's own options.
-Imports settings and the sibling modules communication, peers and servers (and TensorFlow inside
-functions).
+`tfdist.strategy.registry` names each strategy's builder here (`Strategy.build`);
+`make_strategy` checks the arguments first, and does what the process needs around the build
+(`tfdist.strategy.factory`). Each builder takes keyword arguments: cluster, devices (as given,
+or None), found (the local devices), communication (already checked for the strategy),
+compression (None, or a mode the strategy takes), and the strategy's own options. The
+multi-worker builder lives with its once-per-process cache (`tfdist.strategy.multi_worker`).
+TensorFlow is imported inside functions only.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Callable, Dict
 
 from tfdist import settings
 from tfdist.strategy.communication import mirrored_cross_device_ops
 from tfdist.strategy.compression import compressed_cross_device_ops
+from tfdist.strategy.multi_worker import build_multi_worker
 from tfdist.strategy.peers import wait_for_peers
-from tfdist.strategy.servers import serve
 
-__all__ = ["build_default", "build_mirrored", "build_one_device", "build_parameter_server"]
-
-log = logging.getLogger("tfdist")
+__all__ = [
+    "build_default",
+    "build_mirrored",
+    "build_multi_worker",
+    "build_one_device",
+    "build_parameter_server",
+]
 
 
 def build_default(**_):
@@ -98,7 +103,6 @@ def _partitioner(
 def build_parameter_server(
     *,
     cluster,
-    communication,
     variable_partitioner=None,
     min_shard_bytes=None,
     max_shard_bytes=None,
@@ -106,21 +110,9 @@ def build_parameter_server(
     startup_timeout=None,
     **_,
 ):
+    """The chief's ParameterServerStrategy (the worker and ps tasks serve: `make_strategy`)."""
     import tensorflow as tf
 
-    if communication != "auto":
-        raise ValueError(
-            f"communication={communication!r} is not valid for strategy 'parameter_server' "
-            "(variables live on the ps tasks; there is no all-reduce). Choose: auto."
-        )
-    if cluster.task_type in ("worker", "ps") and cluster.has_chief:
-        # In a parameter-server job only the chief runs the training code; worker and ps tasks
-        # serve. Serving here lets one script run unchanged in every role (a Kubernetes TFJob
-        # starts the same command in each replica).
-        log.info(
-            "tfdist: task %s of a parameter-server job serves until the job ends.", cluster.task
-        )
-        serve(cluster)
     partitioner = _partitioner(
         variable_partitioner, cluster.num_ps, min_shard_bytes, max_shard_bytes, max_shards
     )

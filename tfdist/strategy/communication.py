@@ -2,7 +2,7 @@
 options it becomes (CrossDeviceOps for mirrored, CommunicationOptions for multi-worker).
 
 NCCL is picked only where every replica is a GPU; asking for it elsewhere is refused with the
-choices that strategy accepts. Imports tfdist.settings (and TensorFlow inside functions).
+choices that strategy accepts. TensorFlow is imported inside functions only.
 """
 
 from __future__ import annotations
@@ -35,13 +35,16 @@ NONE: Tuple[str, ...] = ("auto",)  # no all-reduce to choose (one device, parame
 RING_BYTES_PER_PACK = 4 << 20
 
 
-def check_communication(strategy: str, communication, choices: Sequence[str]) -> str:
-    """`communication` folded to lower case, when it is one of `choices` of `strategy`."""
+def check_communication(strategy: str, communication, choices: Sequence[str], why: str = "") -> str:
+    """`communication` folded to lower case, when it is one of `choices` of `strategy`.
+
+    `why` says, in the message, why the choices are so few (a strategy without all-reduce).
+    """
     key = communication.strip().lower() if isinstance(communication, str) else communication
     if key not in choices:
         raise ValueError(
             f"communication={communication!r} is not valid for strategy {strategy!r}. Choose "
-            f"one of: {', '.join(choices)}."
+            f"one of: {', '.join(choices)}" + (f" ({why})." if why else ".")
         )
     return key
 

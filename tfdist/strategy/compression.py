@@ -31,7 +31,9 @@ The collectives themselves are TensorFlow's (CollectiveReduceV2 has bfloat16 and
 GPU kernels in every supported release). mirrored: a `CrossDeviceOps` wrapper around the one tfdist
 (or you) picked, passed through MirroredStrategy's public `cross_device_ops=`.
 
-Imports nothing of TensorFlow at import time. May import: tfdist.fixes.
+Which strategies take compression, and why the others do not, are their records'
+(`tfdist.strategy.registry`: `Strategy.all_reduce`). Imports nothing of TensorFlow at import
+time.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from tfdist.fixes.collectives import (
     decompress,
 )
 from tfdist.fixes.record import APPLIED
+from tfdist.strategy.registry import STRATEGIES, WITH_ALL_REDUCE, quoted
 
 __all__ = [
     "COMPRESSIONS",
@@ -72,7 +75,6 @@ _SPELLINGS = {
     "off": None,
     "": None,
 }
-_STRATEGIES = ("mirrored", "multi_worker_mirrored")
 
 
 def check_compression(strategy: Optional[str], value) -> Optional[str]:
@@ -90,18 +92,13 @@ def check_compression(strategy: Optional[str], value) -> Optional[str]:
             "and needs no scaling; 'fp16' is scaled by 1/replicas against overflow."
         )
     mode = _SPELLINGS[key]
-    if mode is not None and strategy is not None and strategy not in _STRATEGIES:
+    if mode is not None and strategy is not None and strategy not in WITH_ALL_REDUCE:
+        record = STRATEGIES.get(strategy)
+        why = f" ({record.without_all_reduce})" if record is not None else ""
         raise ValueError(
-            f"gradient_compression={value!r} applies to the all-reduce of 'mirrored' and "
-            f"'multi_worker_mirrored', but the strategy is {strategy!r}"
-            + (
-                " (variables live on the ps tasks; there is no all-reduce)"
-                if strategy == "parameter_server"
-                else " (one replica: nothing to all-reduce)"
-                if strategy in ("one_device", "default")
-                else ""
-            )
-            + ". HINT: drop gradient_compression= (or unset TFDIST_GRADIENT_COMPRESSION / "
+            f"gradient_compression={value!r} applies to the all-reduce of "
+            f"{quoted(WITH_ALL_REDUCE)}, but the strategy is {strategy!r}{why}. HINT: drop "
+            "gradient_compression= (or unset TFDIST_GRADIENT_COMPRESSION / "
             "--gradient-compression) for this strategy."
         )
     return mode

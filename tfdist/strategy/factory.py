@@ -4,23 +4,35 @@
     strategy = tfdist.make_strategy("mirrored", devices=["/cpu:0", "/cpu:1"])
 
 Resolves the name against the cluster and devices (`resolve_strategy_name`, a pure function),
-checks every argument against the strategy's record, applies tfdist's Keras fixes, sets the
-task context, and calls the record's builder. Imports the registry, devices, the cluster,
-settings, the fixes, the task context and the launcher's report.
+checks every argument against the strategy's record (`tfdist.strategy.registry`), then builds
+it in one step that holds everything making a strategy does to the process
+(`_build_in_this_process`).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Optional, Sequence
 
 from tfdist import settings, task
 from tfdist.cluster import ClusterSpec, detect_cluster
+from tfdist.strategy import builders
 from tfdist.strategy.communication import check_communication
 from tfdist.strategy.compression import check_compression
 from tfdist.strategy.devices import check_devices, local_devices
-from tfdist.strategy.registry import STRATEGIES, canonical_name
+from tfdist.strategy.registry import (
+    AUTO,
+    STRATEGIES,
+    Strategy,
+    auto_case,
+    canonical_name,
+    known_name,
+)
+from tfdist.strategy.servers import serve
 
 __all__ = ["make_strategy", "resolve_strategy_name"]
+
+log = logging.getLogger("tfdist")
 
 
 def resolve_strategy_name(name: str, cluster: ClusterSpec, devices: Sequence[str]) -> str:
@@ -28,36 +40,38 @@ def resolve_strategy_name(name: str, cluster: ClusterSpec, devices: Sequence[str
 
     A pure function. "auto": a ps job -> parameter_server; more than one worker (or a chief
     plus workers) -> multi_worker_mirrored; more than one local GPU or logical CPU -> mirrored;
-    else one_device. An explicit name that contradicts the cluster is refused.
+    else one_device (`tfdist.strategy.registry.AUTO_CASES` and each record's `auto`). An
+    explicit name that contradicts the cluster is refused: one that needs a ps job where there
+    is none, one that does not use the cluster's ps job, one that trains in one process where
+    the cluster has several workers (the records' `uses_ps` and `multi_process`).
 
     Raises:
         TypeError: `name` is not a string.
         ValueError: unknown name, or a name the cluster contradicts.
     """
     key = canonical_name(name)
-    multi_worker = not cluster.is_single_process and cluster.num_workers > 1
+    case = auto_case(cluster, devices)
     if key == "auto":
-        if cluster.num_ps:
-            return "parameter_server"
-        if multi_worker:
-            return "multi_worker_mirrored"
-        return "mirrored" if len(devices) > 1 else "one_device"
-    if key == "parameter_server" and not cluster.num_ps:
+        return AUTO[case]
+    record = STRATEGIES[key]
+    if not record.distributes:
+        return key  # distributes nothing: fits any cluster
+    if record.uses_ps and not cluster.num_ps:
         raise ValueError(
-            f"strategy='parameter_server' needs a cluster with a 'ps' job, but the cluster is "
+            f"strategy={key!r} needs a cluster with a 'ps' job, but the cluster is "
             f"{cluster!r}. HINT: add ps tasks (TF_CONFIG, --ps host:port, or "
             "ClusterSpec.local(workers=2, ps=1)), or pick strategy='auto'."
         )
-    if cluster.num_ps and key in ("mirrored", "multi_worker_mirrored", "one_device"):
+    if cluster.num_ps and not record.uses_ps:
         raise ValueError(
             f"strategy={name!r} does not use the cluster's 'ps' job ({cluster!r}). HINT: use "
-            "strategy='parameter_server' (or 'auto'), or remove the ps tasks."
+            f"strategy={AUTO['ps_job']!r} (or 'auto'), or remove the ps tasks."
         )
-    if multi_worker and key in ("mirrored", "one_device"):
+    if case == "workers" and not record.multi_process:
         raise ValueError(
             f"strategy={name!r} trains in one process, but the cluster has {cluster.num_workers} "
             f"workers ({cluster!r}, from TF_CONFIG or the launcher). HINT: use "
-            "strategy='multi_worker_mirrored' (or 'auto'), or unset TF_CONFIG for local training."
+            f"strategy={AUTO['workers']!r} (or 'auto'), or unset TF_CONFIG for local training."
         )
     return key
 
@@ -77,11 +91,18 @@ def make_strategy(
     collectives before any op runs. Then build and compile the Keras model inside
     `strategy.scope()`.
 
+    Besides returning the strategy, it changes this process: it applies tfdist's fixes, sets
+    the task context (`tfdist.task`), starts the server of a task that only serves, configures
+    TensorFlow's runtime and collectives, takes SIGTERM back and sets an exit barrier
+    (multi_worker_mirrored), and counts the steps of every fit for `tfdist launch`. All of it
+    happens in one step after every argument is checked, `_build_in_this_process` in
+    tfdist/strategy/factory.py, whose docstring lists each effect, its order and why.
+
     Args:
-        name: str. "auto", "one_device", "mirrored", "multi_worker_mirrored",
-            "parameter_server" or "default" (alias "off": TensorFlow's default strategy).
-            Defaults to "auto", which yields to TFDIST_STRATEGY when that is set (as by
-            `tfdist launch --strategy NAME`).
+        name: str. "auto", or a strategy of `tfdist.strategy.registry.STRATEGIES`:
+            "one_device", "mirrored", "multi_worker_mirrored", "parameter_server" or "default"
+            (alias "off": TensorFlow's default strategy). Defaults to "auto", which yields to
+            TFDIST_STRATEGY when that is set (as by `tfdist launch --strategy NAME`).
         cluster: ClusterSpec. Defaults to `tfdist.detect_cluster()` (TF_CONFIG, SLURM, local).
         devices: list of device strings ("/gpu:0", "/cpu:1"). Defaults to every local GPU, else
             every logical CPU. `one_device` uses the first.
@@ -95,7 +116,8 @@ def make_strategy(
             before the cast so that the sum cannot overflow. None yields to
             TFDIST_GRADIENT_COMPRESSION (ignored by other strategies), else no compression;
             "none" is no compression whatever the variable says.
-        **options: TensorFlow's own options, validated and passed through:
+        **options: TensorFlow's own options, validated against the strategy's record
+            (`Strategy.options`) and passed through:
             mirrored: `cross_device_ops`.
             multi_worker_mirrored: `communication_options`, or `bytes_per_pack` (default 4
                 MiB on the ring: gradients packed by 4 MiB, tensors over 64 MiB all-reduced in
@@ -131,9 +153,8 @@ def make_strategy(
     ```
     """
     key = canonical_name(name)
-    from_env = settings.STRATEGY.get() if key == "auto" else None  # `tfdist launch --strategy`
-    if from_env:
-        key = canonical_name(from_env)
+    if key == "auto":  # `tfdist launch --strategy`
+        key = settings.STRATEGY.get(check=known_name) or key
     if cluster is None:
         cluster = detect_cluster()
     elif not isinstance(cluster, ClusterSpec):
@@ -144,31 +165,27 @@ def make_strategy(
     if devices is not None:
         devices = check_devices(devices)
     found = list(devices) if devices is not None else local_devices()
-    key = resolve_strategy_name(key, cluster, found)
-    record = STRATEGIES[key]
+    record = STRATEGIES[resolve_strategy_name(key, cluster, found)]
     unknown = sorted(set(options) - set(record.options))
     if unknown:
         accepted = ", ".join(record.options) or "none"
         raise TypeError(
-            f"make_strategy({key!r}) got unexpected option(s) {unknown}. Options accepted for "
-            f"{key!r}: {accepted}."
+            f"make_strategy({record.name!r}) got unexpected option(s) {unknown}. Options "
+            f"accepted for {record.name!r}: {accepted}."
         )
     from_env = settings.COMMUNICATION.get()
     if communication == "auto" and from_env in record.communications:
         communication = from_env  # a job-wide choice; where it does not apply, "auto" stays
-    if key != "parameter_server":
-        check_communication(key, communication, record.communications)
+    check_communication(
+        record.name, communication, record.communications, record.without_all_reduce
+    )
     if gradient_compression is None:
         from_env = settings.GRADIENT_COMPRESSION.get()  # job-wide: where it does not apply, off
-        compression = from_env if key in ("mirrored", "multi_worker_mirrored") else None
+        compression = from_env if record.all_reduce else None
     else:
-        compression = check_compression(key, gradient_compression)
-    if key != "default":
-        from tfdist.fixes import apply_fixes
-
-        apply_fixes()  # the plain Keras idiom works on what tfdist makes
-    task.set_current(cluster, key)
-    strategy = record.build(
+        compression = check_compression(record.name, gradient_compression)
+    return _build_in_this_process(
+        record,
         cluster=cluster,
         devices=devices,
         found=found,
@@ -176,7 +193,57 @@ def make_strategy(
         compression=compression,
         **options,
     )
+
+
+def _build_in_this_process(record: Strategy, *, cluster: ClusterSpec, **arguments):
+    """Builds `record`'s strategy from checked `arguments`, with everything that making a
+    strategy does to this process. Those effects, in their order:
+
+    1. tfdist's fixes are applied (`tfdist.fixes.apply_fixes`, once per process; it reads
+       TFDIST_KERAS_FIXES): they patch Keras 3 and TensorFlow internals so that the plain
+       Keras idiom works on the strategy. Not for a strategy that distributes nothing
+       (`default`): Keras on one device is never changed.
+    2. The task context is set (`tfdist.task.set_current`): the cluster given to make_strategy,
+       not only the environment's, decides who is the chief (progress bars, once-per-job
+       messages, the sharding warning).
+    3. A task that only serves (`Strategy.serving_tasks`: a worker or ps task of a
+       parameter-server job with a chief) starts its gRPC server here and never returns, so
+       that one script runs unchanged in every role (a Kubernetes TFJob starts the same
+       command in each replica).
+    4. The builder runs (`Strategy.build`, `tfdist.strategy.builders`). Constructing a
+       strategy initialises TensorFlow's runtime: no device can be configured after it. A
+       parameter-server chief first waits, bounded, until every worker and ps answers
+       (TFDIST_STARTUP_TIMEOUT). The first multi_worker_mirrored strategy of a process with
+       peers (`tfdist.strategy.multi_worker.build_multi_worker`) also waits for its peers
+       while answering on its own port, configures TensorFlow's coordination service with a
+       finite registration timeout, configures the collectives (once per process: it is
+       cached), marks its all-reduce for compression and pieces (the fix record
+       `tfdist.fixes.collectives.ALL_REDUCE`), registers the exit barrier (atexit, skipped
+       after an uncaught exception), hides Keras' progress bars off the chief
+       (TFDIST_PROGRESS), and takes SIGTERM back from the coordination service's handler.
+       Those stay in the builder: they bracket TensorFlow's constructor, under the lock of
+       its once-per-process cache.
+    5. Under `tfdist launch` (TFDIST_REPORT_FILE), every fit's steps and time are counted for
+       the launcher's summary line (`tfdist.training_report.install`); after the build, so
+       that tasks that only serve count nothing.
+
+    Before this step make_strategy only reads: TFDIST_STRATEGY, TFDIST_COMMUNICATION and
+    TFDIST_GRADIENT_COMPRESSION (`tfdist.settings`), the cluster (`tfdist.detect_cluster`:
+    TF_CONFIG, SLURM; it never writes TF_CONFIG) and the local devices (which imports
+    TensorFlow, but does not initialise its runtime).
+    """
+    if record.distributes:
+        from tfdist.fixes import apply_fixes
+
+        apply_fixes()
+    task.set_current(cluster, record.name)
+    if cluster.task_type in record.serving_tasks and cluster.has_chief:
+        log.info(
+            "tfdist: task %s of a %s job serves until the job ends.", cluster.task, record.name
+        )
+        serve(cluster)
+    strategy = getattr(builders, record.build)(cluster=cluster, **arguments)
     from tfdist import training_report as report
 
-    report.install()  # under `tfdist launch`: the steps/s of the summary line
+    report.install()
     return strategy

@@ -7,11 +7,13 @@ the pool's strategy (`strategy_server`). `assert_same_training` and the `tfdist_
 pytest marker share the pools of a process (`pool_for`); `close_pools` ends them (at exit, or
 when pytest ends).
 
-Pools, and the strategies each serves:
+The pools (`strategy_server.POOL_KINDS`; a strategy's record names the one that serves it:
+`Strategy.pool` of `tfdist.strategy.registry`; `STRATEGIES` are the strategies some pool
+serves):
 
-    local                  one process with `replicas` virtual CPUs: one_device, mirrored
-    multi_worker_mirrored  `workers` processes of a local job: multi_worker_mirrored
-    parameter_server       one process, a chief with one worker and one ps: parameter_server
+    local             one process with `replicas` virtual CPUs, and no cluster
+    workers           `workers` processes of a local job, each a worker (its TF_CONFIG)
+    parameter_server  one process: a chief, with one worker and one ps as in-process servers
 
 Every wait is bounded: start-up by `START_TIMEOUT`, each call by its timeout. A call that fails
 in one task of a multi-worker pool, or times out, ends the pool (its peers may wait in a
@@ -33,17 +35,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tfdist import settings
 from tfdist.launcher.job import plan_job, run_job
+from tfdist.strategy import registry
 from tfdist.testing.clusters import child_pythonpath
+from tfdist.testing.strategy_server import POOL_KINDS
 
 __all__ = ["STRATEGIES", "PoolError", "Reply", "StrategyPool", "close_pools", "pool_for"]
 
-STRATEGIES = ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
-POOLS = {
-    "one_device": "local",
-    "mirrored": "local",
-    "multi_worker_mirrored": "multi_worker_mirrored",
-    "parameter_server": "parameter_server",
-}
+STRATEGIES = registry.POOLED
+POOLS = {name: registry.STRATEGIES[name].pool for name in STRATEGIES}  # strategy -> its pool
 START_TIMEOUT = 180.0  # seconds for a pool's processes to start and connect
 PEER_GRACE = 10.0  # seconds the other tasks get to answer once one task failed
 
@@ -107,7 +106,7 @@ class StrategyPool:
     ):
         self.pool = pool
         self.replicas = replicas
-        self.tasks = workers if pool == "multi_worker_mirrored" else 1
+        self.tasks = workers if POOL_KINDS[pool].processes == "workers" else 1
         self.env = dict(env or {})
         self._lock = threading.Lock()
         self._connections: List[Any] = []
@@ -134,7 +133,7 @@ class StrategyPool:
             module=True,
             extra_env=extra,
         )
-        if self.pool == "multi_worker_mirrored":
+        if POOL_KINDS[self.pool].processes == "workers":
             return plans
         # one process that makes its own cluster (or none): no TF_CONFIG to confuse it
         return [
@@ -298,7 +297,7 @@ def pool_for(
     """The shared pool that serves `strategy` with these settings (made, not started, once)."""
     (strategy,) = check_strategies((strategy,), "strategy")
     pool = POOLS[strategy]
-    key = (pool, replicas, workers if pool == "multi_worker_mirrored" else 0)
+    key = (pool, replicas, workers if POOL_KINDS[pool].processes == "workers" else 0)
     key += (tuple(sorted((env or {}).items())),)
     with _POOLS_LOCK:
         if key not in _POOLS:

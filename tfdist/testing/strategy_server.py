@@ -3,11 +3,12 @@ strategies and runs functions under them on request.
 
     python -m tfdist.testing.strategy_server POOL ADDRESS REPLICAS
 
-POOL is one of `pools.POOLS`: "local" (virtual CPUs: one_device and mirrored),
-"multi_worker_mirrored" (this process is one worker of a local job, from TF_CONFIG) or
-"parameter_server" (a chief with one worker and one ps as in-process servers). The process
-makes its strategies, connects to the pool's Unix socket ADDRESS (its key in TFDIST_POOL_KEY,
-`tfdist.settings`), says it is ready, then runs each
+POOL is one of `POOL_KINDS`: "local" (virtual CPUs, no cluster), "workers" (this process is one
+worker of a local job, from TF_CONFIG) or "parameter_server" (a chief with one worker and one ps
+as in-process servers). The process sets its pool up; its strategies are those whose record
+names the pool (`Strategy.pool` of `tfdist.strategy.registry`), made on the pool's cluster at
+start or at first use. It connects to the pool's Unix socket ADDRESS (its key in
+TFDIST_POOL_KEY, `tfdist.settings`), says it is ready, then runs each
 request `("call", strategy_name, (module, qualname, source), args, kwargs, strategy_kwarg)`:
 `fn(strategy, *args, **kwargs)`, or with `strategy_kwarg`, `fn(*args, **kwargs,
 **{strategy_kwarg: strategy})`. Before each call Keras' session is cleared and the global
@@ -18,37 +19,70 @@ output)` or `("error", summary, traceback, output)`, where output is what the ca
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import pickle
 import sys
 import traceback
 from multiprocessing.connection import Client
+from typing import Any, Callable, NamedTuple
 
 from tfdist import settings
+from tfdist.strategy import registry
+
+
+def _local(replicas: int):
+    """One process with `replicas` virtual CPUs, and no cluster."""
+    import tfdist
+
+    tfdist.virtual_cpus(replicas)
+    return tfdist.ClusterSpec({})
+
+
+def _worker(replicas: int):
+    """A worker of a local job: the cluster is TF_CONFIG's (`tfdist.detect_cluster`)."""
+    return None
+
+
+def _parameter_server(replicas: int):
+    """A chief, with one worker and one ps as in-process servers."""
+    import tfdist
+    from tfdist.strategy import start_local_servers
+
+    spec = tfdist.ClusterSpec.local(workers=1, ps=1, chief=True, task_type="chief")
+    start_local_servers(spec)
+    return spec
+
+
+class PoolKind(NamedTuple):
+    """How the processes of a pool are set up."""
+
+    processes: str  # "workers": the `workers` processes of a local job; "one": one process
+    setup: Callable[[int], Any]  # replicas -> the cluster of its strategies (None: TF_CONFIG's)
+    at_start: bool  # its strategies are made at start, before any other op (else at first use)
+
+
+POOL_KINDS = {
+    "local": PoolKind("one", _local, False),
+    # a multi-worker job connects its peers when its strategy is made: first thing
+    "workers": PoolKind("workers", _worker, True),
+    "parameter_server": PoolKind("one", _parameter_server, True),
+}
 
 
 def _strategies(pool: str, replicas: int) -> dict:
     """Strategy name -> a function that makes it (called once, on first use)."""
     import tfdist
 
-    if pool == "local":
-        tfdist.virtual_cpus(replicas)
-        local = tfdist.ClusterSpec({})
-        return {
-            "one_device": lambda: tfdist.make_strategy("one_device", cluster=local),
-            "mirrored": lambda: tfdist.make_strategy("mirrored", cluster=local),
-        }
-    if pool == "multi_worker_mirrored":
-        strategy = tfdist.make_strategy("multi_worker_mirrored")  # before any other op
-        return {"multi_worker_mirrored": lambda: strategy}
-    if pool == "parameter_server":
-        from tfdist.strategy import start_local_servers
-
-        spec = tfdist.ClusterSpec.local(workers=1, ps=1, chief=True, task_type="chief")
-        start_local_servers(spec)
-        return {"parameter_server": lambda: tfdist.make_strategy("parameter_server", cluster=spec)}
-    raise ValueError(f"Unknown strategy pool {pool!r}.")
+    if pool not in POOL_KINDS:
+        raise ValueError(f"Unknown strategy pool {pool!r}. HINT: one of {', '.join(POOL_KINDS)}.")
+    cluster = POOL_KINDS[pool].setup(replicas)
+    return {
+        name: functools.partial(tfdist.make_strategy, name, cluster=cluster)
+        for name, record in registry.STRATEGIES.items()
+        if record.pool == pool
+    }
 
 
 def _fresh_keras() -> None:
@@ -85,7 +119,7 @@ def main(argv) -> int:
     pool, address, replicas = argv[0], argv[1], int(argv[2])
     strategies = _strategies(pool, replicas)
     made = {}
-    if pool != "local":  # made at start: a multi-worker job connects its peers here
+    if POOL_KINDS[pool].at_start:
         made = {name: make() for name, make in strategies.items()}
     connection = Client(address, family="AF_UNIX", authkey=bytes.fromhex(settings.POOL_KEY.get()))
     connection.send(("ready", os.getpid()))
