@@ -1,4 +1,4 @@
-"""tfdist.data, tier 2: dataset_fn_for and the shard decision on real
+"""tfdist.data, tier 2: dataset_fn_for, the shard decision and the classified input on real
 datasets, and distribute_dataset on the in-process mirrored strategy. Tier 1 (batch sizes):
 tests/unit/test_data_batch_sizes.py."""
 
@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist import data as tfdata
-from tfdist.data import dataset_fn_for, distribute_dataset, shard_policy
+from tfdist.data import dataset_fn_for, distribute_dataset, pipeline, shard_policy, sharding
 
 SINGLE = tfdist.ClusterSpec({})
 
@@ -32,9 +32,9 @@ def batches(dataset, key=None):
 
 @pytest.fixture(autouse=True)
 def _fresh_warnings():
-    tfdata._WARNED.clear()
+    sharding._WARNED.clear()
     yield
-    tfdata._WARNED.clear()
+    sharding._WARNED.clear()
 
 
 @pytest.fixture
@@ -186,7 +186,7 @@ def test_autotuning_is_off_on_small_hosts_unless_the_dataset_says_otherwise(tfre
     it adds no other tf.data option (nor a prefetch), and the options a user set stay."""
 
     def options_of(dataset, cores, **kwargs):
-        monkeypatch.setattr(tfdata, "_usable_cores", lambda: cores)
+        monkeypatch.setattr(pipeline, "_usable_cores", lambda: cores)
         out = dataset_fn_for(dataset, 4, **kwargs)(context())
         assert sorted(v for b in batches(out) for v in b) == list(range(20))
         return out.options()
