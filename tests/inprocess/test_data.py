@@ -104,6 +104,32 @@ def id_and_x(features):
     return features["id"], features["x"]
 
 
+# ------------------------------------------------------------------- the classified input
+
+
+def test_the_input_is_classified_once_and_every_step_takes_it():
+    x = np.arange(20)
+    source = tfdata.classify((x, x))
+    assert (source.kind, source.length) == ("arrays", 20)
+    assert tfdata.classify(source.value).length == 20  # the arrays, converted to numpy
+    assert tfdata.steps_per_pass(source, 8) == 3 and tfdata.steps_per_pass(source) is None
+    ids = batches(dataset_fn_for(source, 4)(context(2, 1, 2)), key=lambda e: e[0])
+    assert ids == [[1, 3], [5, 7], [9, 11], [13, 15], [17, 19]]
+    dataset = tf.data.Dataset.range(10)
+    assert (tfdata.classify(dataset).kind, tfdata.classify(dataset).length) == ("dataset", 10)
+    assert tfdata.steps_per_pass(tfdata.classify(dataset.batch(4))) == 3
+    assert tfdata.classify(dataset.repeat()).length is None  # infinite
+    assert tfdata.classify(dataset.filter(lambda v: True)).length is None  # unknown
+
+    def function(input_context):
+        return dataset
+
+    source = tfdata.classify(function)
+    assert (source.kind, source.length) == ("function", None)
+    assert dataset_fn_for(source) is function
+    assert "arrays length=20" in repr(tfdata.classify(x))
+
+
 # --------------------------------------------------------------- dataset_fn_for: arrays
 
 

@@ -159,7 +159,7 @@ def _sharded_batches(dataset, settings: Settings, workers: int):
     import tensorflow as tf
 
     policy, reason = shard_policy(dataset, workers)
-    warn_data_sharding(policy, reason, workers)
+    warn_data_sharding(policy, reason, workers, stacklevel=3)  # who called distribute_dataset
     if settings.global_batch_size is None:
         dataset = dataset.repeat() if settings.repeat else dataset
     else:

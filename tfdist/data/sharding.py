@@ -75,8 +75,13 @@ def shard_policy(dataset, num_workers: int) -> Tuple[str, str]:
     return "DATA", reason
 
 
-def warn_data_sharding(policy: str, reason: str, num_workers: int) -> None:
-    """Warns once per reason, on the chief only, that a dataset is sharded by DATA."""
+def warn_data_sharding(policy: str, reason: str, num_workers: int, stacklevel: int = 2) -> None:
+    """Warns once per reason, on the chief only, that a dataset is sharded by DATA.
+
+    Args:
+        stacklevel: int. The frame the warning names, counted from the caller (1): 2 names
+            the caller's caller. Defaults to 2.
+    """
     if policy != "DATA":
         return
     with _WARNED_LOCK:
@@ -91,7 +96,7 @@ def warn_data_sharding(policy: str, reason: str, num_workers: int) -> None:
             f"write the data as at least {num_workers} files (e.g. TFRecord shards) for "
             "FILE sharding, where each worker reads only its own files.",
             UserWarning,
-            stacklevel=3,
+            stacklevel=stacklevel + 1,
         )
 
 
@@ -99,7 +104,7 @@ def shard(dataset, num_workers: int, index: int):
     """Input pipeline `index`'s part of `dataset` (inside a dataset_fn): by FILE when
     `shard_policy` says so, else every `num_workers`-th element; warns on DATA sharding."""
     policy, reason = shard_policy(dataset, num_workers)
-    warn_data_sharding(policy, reason, num_workers)
+    warn_data_sharding(policy, reason, num_workers, stacklevel=3)  # who called the dataset_fn
     if policy == "FILE":
         return _shard_files(dataset, num_workers, index)
     return dataset.shard(num_workers, index)
