@@ -33,7 +33,7 @@ _LAZY = {
     "evaluate": "tfdist.training",
     "TaskUnavailableError": "tfdist.training",
     "distribute_dataset": "tfdist.data",
-    "scale_learning_rate": "tfdist.data",
+    "scale_learning_rate": "tfdist.learning_rate",
     "launch": "tfdist.launcher.restarts",
     "BackupAndRestore": "tfdist.preemption.callback",
     "Preempted": "tfdist.preemption",

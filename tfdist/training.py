@@ -10,6 +10,7 @@ loop of its own (`tfdist.parameter_server`).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Optional
 
 from tfdist import data as data_lib
@@ -105,102 +106,148 @@ def fit(
                          steps_per_epoch=100)
     ```
     """
-    from tfdist.strategy import make_strategy
-
     # Checked before the strategy is made: a multi-worker start-up waits for the peers.
-    if not is_count(epochs, 1):
-        raise ValueError(
-            f"epochs must be a positive integer. Received: epochs={epochs!r}. HINT: train at "
-            "least one epoch, e.g. epochs=1."
-        )
-    _check_steps("steps_per_epoch", steps_per_epoch)
-    _check_steps("validation_steps", validation_steps)
-    if strategy is None:
-        strategy = make_strategy()  # in a parameter-server job's worker/ps tasks: serves
+    _check_counts(epochs, steps_per_epoch, validation_steps)
+    strategy = _resolve_strategy(strategy)
     model = _build(build_model, strategy)
-    verbose = _chief_verbose(verbose)
+    plan = _Plan(
+        data=data_lib.classify(data),  # once per input: every later step takes the Input
+        validation=None if validation_data is None else data_lib.classify(validation_data),
+        global_batch_size=global_batch_size,
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        validation_steps=validation_steps,
+        callbacks=callbacks,
+        verbose=_chief_verbose(verbose),
+        shuffle=shuffle,
+        seed=seed,
+    )
     if _is_parameter_server(strategy):
-        from tfdist import parameter_server
-        from tfdist.fixes import apply_fixes
-
-        apply_fixes()  # also for a strategy that tfdist did not make
-        if steps_per_epoch is None:
-            steps_per_epoch = data_lib.steps_per_pass(data, global_batch_size)
-        if steps_per_epoch is None:
-            raise ValueError(
-                "steps_per_epoch is required on parameter_server for data of unknown length "
-                "(a dataset function, an infinite dataset): each worker reads its own "
-                "repeated input, so an epoch has no natural end. HINT: steps_per_epoch = "
-                "number of examples // global_batch_size."
-            )
-        dataset_fn = data_lib.dataset_fn_for(
-            data, global_batch_size, shuffle=shuffle, seed=seed, repeat=True
-        )
-        validation_fn = (
-            None
-            if validation_data is None
-            else data_lib.dataset_fn_for(validation_data, global_batch_size, repeat=True)
-        )
-        if validation_data is not None and validation_steps is None:
-            validation_steps = data_lib.steps_per_pass(validation_data, global_batch_size)
-            if validation_steps is None:
-                raise ValueError(
-                    "validation_steps is required on parameter_server for validation_data of "
-                    "unknown length. HINT: validation_steps = number of validation examples "
-                    "// global_batch_size."
-                )
-        history = parameter_server.fit_parameter_server(
-            model,
-            strategy,
-            dataset_fn,
-            epochs=epochs,
-            steps_per_epoch=steps_per_epoch,
-            callbacks=callbacks,
-            verbose=verbose,
-            validation_dataset_fn=validation_fn,
-            validation_steps=validation_steps,
-        )
+        history = _fit_parameter_server(model, strategy, plan)
     else:
-        # An epoch: one pass over data of known size, or steps_per_epoch steps of it repeated
-        # (a pass may end inside an epoch; nothing runs out). tf_keras needs the step counts
-        # of a distributed dataset, so they are given to it whenever they are known.
-        one_pass = data_lib.steps_per_pass(data, global_batch_size)
-        legacy = flavour.uses_legacy_keras()
-        if steps_per_epoch is None and legacy:
-            steps_per_epoch = one_pass
-        repeat = steps_per_epoch is not None and one_pass is not None
-        dataset = data_lib.distribute_dataset(
-            data, strategy, global_batch_size, shuffle=shuffle, seed=seed, repeat=repeat
-        )
-        validation = (
-            None
-            if validation_data is None
-            else data_lib.distribute_dataset(validation_data, strategy, global_batch_size)
-        )
-        if validation is not None and validation_steps is None and legacy:
-            validation_steps = data_lib.steps_per_pass(validation_data, global_batch_size)
-        # shuffle=False: `dataset` is already shuffled as asked (Keras 3 warns that it
-        # ignores its default shuffle=True for a dataset)
-        try:
-            history = model.fit(
-                dataset,
-                epochs=epochs,
-                steps_per_epoch=steps_per_epoch,
-                validation_data=validation,
-                validation_steps=validation_steps,
-                callbacks=callbacks,
-                verbose=verbose,
-                shuffle=False,
-            )
-        except StopIteration as err:  # Keras' bare error for data that yields no batch
-            raise ValueError(
-                "The data gave no batch: it is empty (e.g. filtered to nothing, or fewer "
-                "examples than one batch with drop_remainder=True). HINT: check the dataset "
-                "with `for batch in dataset.take(1): print(batch)`."
-            ) from err
+        history = _fit_keras(model, strategy, plan)
     if getattr(history, "model", None) is not model:
         history.set_model(model)  # Keras 3's History.model is a read-only property
     return history
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What `fit` trains on and for how long: its inputs, each classified once, and the rest of
+    its arguments, checked."""
+
+    data: data_lib.Input
+    validation: Optional[data_lib.Input]
+    global_batch_size: Optional[int]
+    epochs: int
+    steps_per_epoch: Optional[int]
+    validation_steps: Optional[int]
+    callbacks: Any
+    verbose: Any
+    shuffle: bool
+    seed: Optional[int]
+
+
+def _resolve_strategy(strategy):
+    """The strategy given, else `tfdist.make_strategy()` (which, in the worker and ps tasks of a
+    parameter-server job, serves and does not return)."""
+    if strategy is not None:
+        return strategy
+    from tfdist.strategy import make_strategy
+
+    return make_strategy()
+
+
+def _fit_parameter_server(model, strategy, plan: _Plan):
+    """tfdist's own ClusterCoordinator loop: an epoch is a number of steps of repeated data."""
+    from tfdist import parameter_server
+    from tfdist.fixes import apply_fixes
+
+    apply_fixes()  # also for a strategy that tfdist did not make
+    steps_per_epoch = plan.steps_per_epoch
+    if steps_per_epoch is None:
+        steps_per_epoch = data_lib.steps_per_pass(plan.data, plan.global_batch_size)
+    if steps_per_epoch is None:
+        raise ValueError(
+            "steps_per_epoch is required on parameter_server for data of unknown length "
+            "(a dataset function, an infinite dataset): each worker reads its own "
+            "repeated input, so an epoch has no natural end. HINT: steps_per_epoch = "
+            "number of examples // global_batch_size."
+        )
+    dataset_fn = data_lib.dataset_fn_for(
+        plan.data, plan.global_batch_size, shuffle=plan.shuffle, seed=plan.seed, repeat=True
+    )
+    validation_fn, validation_steps = None, plan.validation_steps
+    if plan.validation is not None:
+        validation_fn = data_lib.dataset_fn_for(
+            plan.validation, plan.global_batch_size, repeat=True
+        )
+        if validation_steps is None:
+            validation_steps = data_lib.steps_per_pass(plan.validation, plan.global_batch_size)
+        if validation_steps is None:
+            raise ValueError(
+                "validation_steps is required on parameter_server for validation_data of "
+                "unknown length. HINT: validation_steps = number of validation examples "
+                "// global_batch_size."
+            )
+    return parameter_server.fit_parameter_server(
+        model,
+        strategy,
+        dataset_fn,
+        epochs=plan.epochs,
+        steps_per_epoch=steps_per_epoch,
+        callbacks=plan.callbacks,
+        verbose=plan.verbose,
+        validation_dataset_fn=validation_fn,
+        validation_steps=validation_steps,
+    )
+
+
+def _fit_keras(model, strategy, plan: _Plan):
+    """Keras' own `model.fit` on distributed datasets (mirrored, multi_worker_mirrored, ...).
+
+    An epoch: one pass over data of known size, or steps_per_epoch steps of it repeated (a
+    pass may end inside an epoch; nothing runs out). tf_keras needs the step counts of a
+    distributed dataset, so they are given to it whenever they are known.
+    """
+    one_pass = data_lib.steps_per_pass(plan.data, plan.global_batch_size)
+    legacy = flavour.uses_legacy_keras()
+    steps_per_epoch = plan.steps_per_epoch
+    if steps_per_epoch is None and legacy:
+        steps_per_epoch = one_pass
+    repeat = steps_per_epoch is not None and one_pass is not None
+    dataset = data_lib.distribute_dataset(
+        plan.data,
+        strategy,
+        plan.global_batch_size,
+        shuffle=plan.shuffle,
+        seed=plan.seed,
+        repeat=repeat,
+    )
+    validation, validation_steps = None, plan.validation_steps
+    if plan.validation is not None:
+        validation = data_lib.distribute_dataset(plan.validation, strategy, plan.global_batch_size)
+        if validation_steps is None and legacy:
+            validation_steps = data_lib.steps_per_pass(plan.validation, plan.global_batch_size)
+    # shuffle=False: `dataset` is already shuffled as asked (Keras 3 warns that it ignores
+    # its default shuffle=True for a dataset)
+    try:
+        return model.fit(
+            dataset,
+            epochs=plan.epochs,
+            steps_per_epoch=steps_per_epoch,
+            validation_data=validation,
+            validation_steps=validation_steps,
+            callbacks=plan.callbacks,
+            verbose=plan.verbose,
+            shuffle=False,
+        )
+    except StopIteration as err:  # Keras' bare error for data that yields no batch
+        raise ValueError(
+            "The data gave no batch: it is empty (e.g. filtered to nothing, or fewer "
+            "examples than one batch with drop_remainder=True). HINT: check the dataset "
+            "with `for batch in dataset.take(1): print(batch)`."
+        ) from err
 
 
 def evaluate(
@@ -230,26 +277,46 @@ def evaluate(
     if strategy is None:
         strategy = getattr(model, "distribute_strategy", None) or _default_strategy()
     verbose = _chief_verbose(verbose)
+    source = data_lib.classify(data)  # once: every later step takes the Input
     if _is_parameter_server(strategy):
-        from tfdist import parameter_server
-        from tfdist.fixes import apply_fixes
-
-        apply_fixes()  # also for a strategy that tfdist did not make
-        if steps is None:
-            steps = data_lib.steps_per_pass(data, global_batch_size)
-        if steps is None:
-            raise ValueError(
-                "steps is required to evaluate on parameter_server for data of unknown "
-                "length. HINT: steps = number of examples // global_batch_size."
-            )
-        dataset_fn = data_lib.dataset_fn_for(data, global_batch_size, repeat=True)
-        return parameter_server.evaluate_parameter_server(
-            model, strategy, dataset_fn, steps=steps, verbose=verbose, return_dict=return_dict
+        return _evaluate_parameter_server(
+            model, strategy, source, steps, global_batch_size, verbose, return_dict
         )
-    dataset = data_lib.distribute_dataset(data, strategy, global_batch_size)
+    dataset = data_lib.distribute_dataset(source, strategy, global_batch_size)
     if steps is None and flavour.uses_legacy_keras():  # tf_keras needs it for this dataset
-        steps = data_lib.steps_per_pass(data, global_batch_size)
+        steps = data_lib.steps_per_pass(source, global_batch_size)
     return model.evaluate(dataset, steps=steps, verbose=verbose, return_dict=return_dict)
+
+
+def _evaluate_parameter_server(
+    model, strategy, source, steps, global_batch_size, verbose, return_dict
+):
+    from tfdist import parameter_server
+    from tfdist.fixes import apply_fixes
+
+    apply_fixes()  # also for a strategy that tfdist did not make
+    if steps is None:
+        steps = data_lib.steps_per_pass(source, global_batch_size)
+    if steps is None:
+        raise ValueError(
+            "steps is required to evaluate on parameter_server for data of unknown "
+            "length. HINT: steps = number of examples // global_batch_size."
+        )
+    dataset_fn = data_lib.dataset_fn_for(source, global_batch_size, repeat=True)
+    return parameter_server.evaluate_parameter_server(
+        model, strategy, dataset_fn, steps=steps, verbose=verbose, return_dict=return_dict
+    )
+
+
+def _check_counts(epochs, steps_per_epoch, validation_steps) -> None:
+    """fit's counts: at least one epoch, and step counts as `_check_steps` takes them."""
+    if not is_count(epochs, 1):
+        raise ValueError(
+            f"epochs must be a positive integer. Received: epochs={epochs!r}. HINT: train at "
+            "least one epoch, e.g. epochs=1."
+        )
+    _check_steps("steps_per_epoch", steps_per_epoch)
+    _check_steps("validation_steps", validation_steps)
 
 
 def _check_steps(name: str, value) -> None:

@@ -226,7 +226,7 @@ TF_KERAS_SCRIPT = textwrap.dedent("""
     import numpy as np
     import tf_keras as keras
     from tfdist import flavour, precision
-    from tfdist.data import scale_learning_rate
+    from tfdist.learning_rate import scale_learning_rate
 
     out = {"flavour": flavour.keras_flavour()}
     with warnings.catch_warnings(record=True) as caught:

@@ -1,4 +1,4 @@
-"""tfdist.data, tier 2: dataset_fn_for, the shard decision and learning-rate scaling on real
+"""tfdist.data, tier 2: dataset_fn_for, the shard decision and the classified input on real
 datasets, and distribute_dataset on the in-process mirrored strategy. Tier 1 (batch sizes):
 tests/unit/test_data_batch_sizes.py."""
 
@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist import data as tfdata
-from tfdist.data import dataset_fn_for, distribute_dataset, scale_learning_rate, shard_policy
+from tfdist.data import dataset_fn_for, distribute_dataset, pipeline, shard_policy, sharding
 
 SINGLE = tfdist.ClusterSpec({})
 
@@ -32,9 +32,9 @@ def batches(dataset, key=None):
 
 @pytest.fixture(autouse=True)
 def _fresh_warnings():
-    tfdata._WARNED.clear()
+    sharding._WARNED.clear()
     yield
-    tfdata._WARNED.clear()
+    sharding._WARNED.clear()
 
 
 @pytest.fixture
@@ -102,6 +102,32 @@ def parse_example(record):
 
 def id_and_x(features):
     return features["id"], features["x"]
+
+
+# ------------------------------------------------------------------- the classified input
+
+
+def test_the_input_is_classified_once_and_every_step_takes_it():
+    x = np.arange(20)
+    source = tfdata.classify((x, x))
+    assert (source.kind, source.length) == ("arrays", 20)
+    assert tfdata.classify(source.value).length == 20  # the arrays, converted to numpy
+    assert tfdata.steps_per_pass(source, 8) == 3 and tfdata.steps_per_pass(source) is None
+    ids = batches(dataset_fn_for(source, 4)(context(2, 1, 2)), key=lambda e: e[0])
+    assert ids == [[1, 3], [5, 7], [9, 11], [13, 15], [17, 19]]
+    dataset = tf.data.Dataset.range(10)
+    assert (tfdata.classify(dataset).kind, tfdata.classify(dataset).length) == ("dataset", 10)
+    assert tfdata.steps_per_pass(tfdata.classify(dataset.batch(4))) == 3
+    assert tfdata.classify(dataset.repeat()).length is None  # infinite
+    assert tfdata.classify(dataset.filter(lambda v: True)).length is None  # unknown
+
+    def function(input_context):
+        return dataset
+
+    source = tfdata.classify(function)
+    assert (source.kind, source.length) == ("function", None)
+    assert dataset_fn_for(source) is function
+    assert "arrays length=20" in repr(tfdata.classify(x))
 
 
 # --------------------------------------------------------------- dataset_fn_for: arrays
@@ -186,7 +212,7 @@ def test_autotuning_is_off_on_small_hosts_unless_the_dataset_says_otherwise(tfre
     it adds no other tf.data option (nor a prefetch), and the options a user set stay."""
 
     def options_of(dataset, cores, **kwargs):
-        monkeypatch.setattr(tfdata, "_usable_cores", lambda: cores)
+        monkeypatch.setattr(pipeline, "_usable_cores", lambda: cores)
         out = dataset_fn_for(dataset, 4, **kwargs)(context())
         assert sorted(v for b in batches(out) for v in b) == list(range(20))
         return out.options()
@@ -540,74 +566,3 @@ def test_distribute_dataset_on_four_replicas(virtual_cpus, tfrecords):
         distribute_dataset((x, y), strategy, 10)
     with pytest.raises(ValueError, match=r"shuffle=True needs unbatched examples"):
         distribute_dataset(examples.batch(16), strategy, shuffle=True)
-
-
-# ------------------------------------------------------------------ learning-rate scaling
-
-
-def test_linear_scaling_with_warmup_values():
-    import keras
-
-    schedule = scale_learning_rate(0.1, 8, warmup_steps=100)
-    assert isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule)
-    values = [float(schedule(step)) for step in (0, 50, 100, 1000)]
-    # step 0: the single-replica rate; halfway: 0.1 x (1 + 7 x 0.5); then 0.1 x 8
-    assert values == pytest.approx([0.1, 0.45, 0.8, 0.8])
-    assert float(scale_learning_rate(0.1, 8)(0)) == pytest.approx(0.8)  # no warmup
-    assert float(scale_learning_rate(0.1, 1, warmup_steps=10)(5)) == pytest.approx(0.1)
-
-
-def test_scaling_follows_a_base_schedule_and_takes_a_strategy(virtual_cpus):
-    import keras
-
-    decay = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
-    strategy = tfdist.make_strategy("mirrored", cluster=SINGLE)
-    schedule = scale_learning_rate(decay, strategy, warmup_steps=10)
-    assert float(schedule(0)) == pytest.approx(0.1)
-    assert float(schedule(10)) == pytest.approx(0.05 * 4)
-    assert float(schedule(20)) == pytest.approx(0.025 * 4)
-    assert float(schedule(5)) == pytest.approx(0.1 * 0.5**0.5 * (1 + 3 * 0.5))
-
-
-def test_schedule_works_in_a_keras_optimizer_and_round_trips():
-    import keras
-
-    schedule = scale_learning_rate(0.01, 4, warmup_steps=4, name="scaled")
-    optimizer = keras.optimizers.SGD(learning_rate=schedule)
-    variable = keras.Variable(1.0)
-    rates = []
-    for _ in range(6):
-        rates.append(float(optimizer.learning_rate))
-        optimizer.apply([tf.constant(1.0)], [variable])
-    assert rates == pytest.approx([0.01, 0.0175, 0.025, 0.0325, 0.04, 0.04])
-    config = keras.optimizers.schedules.serialize(schedule)
-    again = keras.optimizers.schedules.deserialize(config)
-    assert type(again) is type(schedule) and float(again(2)) == pytest.approx(0.025)
-    decay = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
-    nested = scale_learning_rate(decay, 2, warmup_steps=3)
-    restored = type(nested).from_config(nested.get_config())
-    assert float(restored(7)) == pytest.approx(float(nested(7)))
-
-
-@pytest.mark.parametrize(
-    "kwargs, error, match",
-    [
-        (
-            dict(base_lr=0.1, num_replicas=0),
-            ValueError,
-            r"num_replicas must be a positive int or a "
-            r"strategy\. Received: num_replicas=0",
-        ),
-        (dict(base_lr=0.1, num_replicas=2, warmup_steps=-1), ValueError, r"warmup_steps=-1"),
-        (dict(base_lr=-0.1, num_replicas=2), ValueError, r"base_lr must be a positive number"),
-        (
-            dict(base_lr="0.1", num_replicas=2),
-            TypeError,
-            r"base_lr must be a float or a "
-            r"LearningRateSchedule",
-        ),
-    ],
-)
-def test_scale_learning_rate_bad_values(kwargs, error, match):
-    with pytest.raises(error, match=match):
-        scale_learning_rate(**kwargs)

@@ -38,3 +38,47 @@ def test_each_epoch_trains_its_steps_on_mirrored():
     strategy = tfdist.make_strategy("mirrored", cluster=tfdist.ClusterSpec({}))
     assert strategy.num_replicas_in_sync > 1
     _assert_every_epoch_trained_its_steps(epochs_of_each_fit(strategy))
+
+
+def test_fit_and_evaluate_classify_each_input_once(monkeypatch):
+    """Each input of tfdist.fit / tfdist.evaluate is classified once (tfdist.data.classify), and
+    every later step (steps of a pass, the distributed dataset, the checks) takes that Input:
+    arrays are converted once, however many steps read them."""
+    import tensorflow as tf
+
+    from tfdist import data as data_lib
+    from tfdist.data import inputs
+
+    classified = []
+    original = inputs.classify
+
+    def counting(data):
+        classified.append(data)
+        return original(data)
+
+    monkeypatch.setattr(inputs, "classify", counting)
+    monkeypatch.setattr(data_lib, "classify", counting)
+    keras = tf.keras
+    x = np.zeros((EXAMPLES, 4), "float32")
+    train, validation = (x, x[:, :1]), tf.data.Dataset.from_tensor_slices((x[:50], x[:50, :1]))
+
+    def build():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    strategy = tfdist.make_strategy("one_device", cluster=tfdist.ClusterSpec({}))
+    history = tfdist.fit(
+        build,
+        train,
+        strategy=strategy,
+        global_batch_size=BATCH,
+        epochs=2,
+        steps_per_epoch=3,  # a repeated pass: the steps of one pass are read too
+        validation_data=validation,
+        verbose=0,
+    )
+    assert [id(data) for data in classified] == [id(train), id(validation)]
+    classified.clear()
+    tfdist.evaluate(history.model, train, strategy=strategy, global_batch_size=BATCH, verbose=0)
+    assert [id(data) for data in classified] == [id(train)]

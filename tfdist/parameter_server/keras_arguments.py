@@ -5,10 +5,7 @@ them, or a batched tf.data.Dataset) turned into tfdist's dataset-function form, 
 `loop`. tfdist's Keras fixes (tfdist.fixes.parameter_server) install `keras_fit` /
 `keras_evaluate` as `model.fit` / `model.evaluate` for models built in a parameter_server
 scope. Arrays are sharded over the workers (each repeats its shard); an epoch is one pass over
-the data unless steps are given.
-
-May import: tfdist.data, Keras' data adapters (inside functions), and of this package `checks`
-and `loop`. Holds no state.
+the data unless steps are given. Holds no state.
 """
 
 from __future__ import annotations
@@ -31,8 +28,9 @@ def _keras_data(x, y, sample_weight, batch_size, shuffle: bool, what: str):
                 f"`{what}` got a tf.data.Dataset as x and also y or sample_weight. HINT: put "
                 "them in the dataset's elements: (x, y) or (x, y, sample_weight)."
             )
+        source = data_lib.classify(x)  # once: both steps take the Input
         # an empty dataset gives no default step count either
-        return data_lib.dataset_fn_for(x, repeat=True), data_lib.steps_per_pass(x) or None
+        return data_lib.dataset_fn_for(source, repeat=True), data_lib.steps_per_pass(source) or None
     if x is None or callable(x):
         raise TypeError(
             f"`{what}` on parameter_server takes numpy arrays (or dicts of them) or a batched "
@@ -45,9 +43,10 @@ def _keras_data(x, y, sample_weight, batch_size, shuffle: bool, what: str):
         else ((x, y) if sample_weight is None else (x, y, sample_weight))
     )
     batch_size = 32 if batch_size is None else batch_size  # Keras' default
+    source = data_lib.classify(data)  # once: both steps take the Input
     return (
-        data_lib.dataset_fn_for(data, batch_size, shuffle=shuffle, repeat=True),
-        data_lib.steps_per_pass(data, batch_size),
+        data_lib.dataset_fn_for(source, batch_size, shuffle=shuffle, repeat=True),
+        data_lib.steps_per_pass(source, batch_size),
     )
 
 
