@@ -552,68 +552,99 @@ def diagnose(strategy_name, rounds=5, steps=40):
     median}}.
     """
     tf, keras, strategy = _setup(strategy_name, "tfdist")
-    cfg = dict(DEFAULT)
-    k = cfg["steps_per_execution"]
-    data = _dataset(tf, cfg)
+    diagnosis = _Diagnosis(tf, keras, strategy, steps)
+    k = diagnosis.cfg["steps_per_execution"]
+    diagnosis.add_variants(
+        {
+            f"keras_train_function_{k}": diagnosis.keras_train_function(k),
+            "keras_train_function_1": diagnosis.keras_train_function(1),
+            f"keras_train_step_in_custom_loop_{k}": diagnosis.keras_train_step_in_loop(k),
+            f"custom_loop_{k}": diagnosis.custom(k),
+            "custom_loop_1": diagnosis.custom(1),
+            f"custom_loop_{k}_loss_allreduce_every_step": diagnosis.custom(k, per_step_reduce=True),
+        },
+        fits=[f"fit_{k}", "fit_1"],
+    )
+    diagnosis.fit_timed(k, f"fit_{k}", list(diagnosis.variants), rounds)
+    diagnosis.fit_timed(1, "fit_1", ["keras_train_function_1", "custom_loop_1"], rounds)
+    return diagnosis.medians()
 
-    def keras_train_function(spe):  # Keras' compiled train function, no fit loop/callbacks
-        model = _compiled(keras, strategy, cfg, steps_per_execution=spe)
-        model.fit(data, epochs=1, steps_per_epoch=spe, verbose=0)  # build and trace
-        iterator = iter(strategy.experimental_distribute_dataset(data))
+
+class _Diagnosis:
+    """The variants `diagnose` times, on one strategy: each is an epoch (a function that runs
+    `steps` steps), timed between the epochs of a long fit (`fit_timed`)."""
+
+    def __init__(self, tf, keras, strategy, steps):
+        self.tf, self.keras, self.strategy, self.steps = tf, keras, strategy, steps
+        self.cfg = dict(DEFAULT)
+        self.data = _dataset(tf, self.cfg)
+        self.variants = {}  # name -> epoch function
+        self.times = {}  # name -> [(wall, cpu) seconds of each timed epoch]
+        self.clock = _Clock()
+
+    def add_variants(self, variants, fits):
+        """Runs each variant's warm-up epoch; times will hold the `fits` and the variants."""
+        self.variants = variants
+        for epoch in variants.values():
+            epoch()  # warm-up
+        self.times = {name: [] for name in [*fits, *variants]}
+
+    def _iterator(self):
+        return iter(self.strategy.experimental_distribute_dataset(self.data))
+
+    def keras_train_function(self, spe):
+        """Keras' compiled train function, no fit loop or callbacks."""
+        model = _compiled(self.keras, self.strategy, self.cfg, steps_per_execution=spe)
+        model.fit(self.data, epochs=1, steps_per_epoch=spe, verbose=0)  # build and trace
+        iterator = self._iterator()
 
         def epoch():
-            for _ in range(steps // spe):
+            for _ in range(self.steps // spe):
                 logs = model.train_function(iterator)
             float(logs["loss"])
 
         return epoch
 
-    def keras_train_step_in_loop(spe):  # Keras' train_step in a hand-written multi-step loop
-        model = _compiled(keras, strategy, cfg, steps_per_execution=1)
-        model.fit(data, epochs=1, steps_per_epoch=1, verbose=0)
+    def keras_train_step_in_loop(self, spe):
+        """Keras' train_step in a hand-written multi-step loop."""
+        tf, strategy = self.tf, self.strategy
+        model = _compiled(self.keras, strategy, self.cfg, steps_per_execution=1)
+        model.fit(self.data, epochs=1, steps_per_epoch=1, verbose=0)
 
         @tf.function
         def train(iterator):
             for _ in tf.range(spe):
                 strategy.run(model.train_step, args=(next(iterator),))
 
-        iterator = iter(strategy.experimental_distribute_dataset(data))
+        iterator = self._iterator()
 
         def epoch():
-            for _ in range(steps // spe):
+            for _ in range(self.steps // spe):
                 train(iterator)
             float(model.optimizer.iterations.numpy())
 
         return epoch
 
-    def custom(spe, per_step_reduce=False):
-        train, mean_loss = _custom_loop_parts(tf, keras, strategy, cfg, per_step_reduce, spe)
-        iterator = iter(strategy.experimental_distribute_dataset(data))
+    def custom(self, spe, per_step_reduce=False):
+        """The custom loop (the benchmark's alternative)."""
+        train, mean_loss = _custom_loop_parts(
+            self.tf, self.keras, self.strategy, self.cfg, per_step_reduce, spe
+        )
+        iterator = self._iterator()
 
         def epoch():
-            for _ in range(steps // spe):
+            for _ in range(self.steps // spe):
                 train(iterator)
             float(mean_loss.result())
 
         return epoch
 
-    variants = {
-        f"keras_train_function_{k}": keras_train_function(k),
-        "keras_train_function_1": keras_train_function(1),
-        f"keras_train_step_in_custom_loop_{k}": keras_train_step_in_loop(k),
-        f"custom_loop_{k}": custom(k),
-        "custom_loop_1": custom(1),
-        f"custom_loop_{k}_loss_allreduce_every_step": custom(k, per_step_reduce=True),
-    }
-    for epoch in variants.values():
-        epoch()  # warm-up
-    times = {name: [] for name in [f"fit_{k}", "fit_1", *variants]}
-    clock = _Clock()
+    def fit_timed(self, spe, name, others, rounds):
+        """Times `rounds` epochs of one fit as `name`, each followed by an epoch of `others`."""
+        model = _compiled(self.keras, self.strategy, self.cfg, steps_per_execution=spe)
+        clock, times, variants = self.clock, self.times, self.variants
 
-    def fit_timed(spe, name, others):
-        model = _compiled(keras, strategy, cfg, steps_per_execution=spe)
-
-        class Interleave(keras.callbacks.Callback):
+        class Interleave(self.keras.callbacks.Callback):
             def on_epoch_begin(self, epoch, logs=None):
                 clock.start()
 
@@ -628,21 +659,27 @@ def diagnose(strategy_name, rounds=5, steps=40):
                     times[other].append(clock.stop())
 
         model.fit(
-            data, epochs=1 + rounds, steps_per_epoch=steps, verbose=0, callbacks=[Interleave()]
+            self.data,
+            epochs=1 + rounds,
+            steps_per_epoch=self.steps,
+            verbose=0,
+            callbacks=[Interleave()],
         )
 
-    fit_timed(k, f"fit_{k}", list(variants))
-    fit_timed(1, "fit_1", ["keras_train_function_1", "custom_loop_1"])
-    examples = steps * cfg["global_batch"]
-    return {
-        name: {
-            "examples_per_s": [round(examples / w) for w, _ in samples],
-            "median_examples_per_s": round(statistics.median(examples / w for w, _ in samples)),
-            "cpu_ms_per_step": round(statistics.median(c for _, c in samples) / steps * 1000, 1),
+    def medians(self):
+        """{variant: its examples/s per epoch, their median and the median CPU ms per step}."""
+        examples = self.steps * self.cfg["global_batch"]
+        return {
+            name: {
+                "examples_per_s": [round(examples / w) for w, _ in samples],
+                "median_examples_per_s": round(statistics.median(examples / w for w, _ in samples)),
+                "cpu_ms_per_step": round(
+                    statistics.median(c for _, c in samples) / self.steps * 1000, 1
+                ),
+            }
+            for name, samples in self.times.items()
+            if samples
         }
-        for name, samples in times.items()
-        if samples
-    }
 
 
 def _print_diagnosis(result):

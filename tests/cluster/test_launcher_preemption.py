@@ -190,7 +190,7 @@ def test_restarts_after_preemptions_are_capped(tmp_path, monkeypatch):
     monkeypatch.setattr(restarts_module, "MAX_PREEMPTION_RESTARTS", 2)
     script = _job(tmp_path, "sys.exit(143)  # whatever happens\n")
     out = io.StringIO()
-    result = restarts_module._launch(script, [str(tmp_path)], workers=1, quiet=True, out=out)
+    result = restarts_module.launch_job(script, [str(tmp_path)], workers=1, quiet=True, out=out)
     assert result.reason == "preempted" and result.returncodes == {"worker:0": 143}
     assert exit_code(result) == 1
     text = out.getvalue()

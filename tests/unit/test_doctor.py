@@ -3,7 +3,7 @@ tests/cluster/test_doctor_smoke.py)."""
 
 import pytest
 
-from tfdist.cli import diagnose, scenario_outcomes, smoke_verdict
+from tfdist.cli.doctor import diagnose, scenario_outcomes, smoke_verdict
 from tfdist.launcher import JobResult, TaskResult
 
 

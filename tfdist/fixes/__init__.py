@@ -1,10 +1,12 @@
 """Fixes of Keras 3 and TensorFlow internals under tf.distribute, as checked records.
 
-One module per area: `replicas` (mirrored and every strategy), `uneven_batches`, `datasets`
+One module per area: `replicas` (mirrored and every strategy; a package of the sums over the
+replicas, the optimizer, the trainer and random seeds), `uneven_batches`, `datasets`
 (Keras' data adapters and tf.distribute's datasets), `multi_worker`, `callbacks`,
 `parameter_server`, `tensorflow` (TensorFlow internals tfdist reads) and `collectives`
 (MultiWorkerMirroredStrategy's all-reduce: compression and pieces).
-`record` says what a fix is; `registry` holds them all and applies them.
+`record` says what a fix is; `registry` holds them all and applies them; `keras_trainer` is
+the Keras trainer module that fixes of several areas patch.
 `tfdist.make_strategy` calls `apply_fixes()`; users call nothing else.
 """
 

@@ -1,10 +1,10 @@
 """Fixes for multi_worker_mirrored: the step logs' mean over workers, steps_per_execution.
 
-Nothing here imports TensorFlow or Keras at import time. May import: tfdist.fixes.record.
+Nothing here imports TensorFlow or Keras at import time.
 """
 
+from tfdist.fixes.keras_trainer import tf_trainer
 from tfdist.fixes.record import Fix, Target
-from tfdist.fixes.replicas import _tf_trainer
 
 MULTI_WORKER_MEAN = Fix(
     name="multi_worker_mean_of_metric_results",
@@ -40,7 +40,7 @@ def _fix_reduce_per_replica():
     # and reductions go to the original function.
     from keras.src import tree
 
-    trainer = _tf_trainer()
+    trainer = tf_trainer()
     original = trainer.reduce_per_replica
 
     def reduce_per_replica(values, strategy, reduction):
@@ -95,7 +95,7 @@ def _fix_multi_worker_steps_per_execution():
     # upstream.)
     import tensorflow as tf
 
-    trainer = _tf_trainer()
+    trainer = tf_trainer()
     original = trainer.TensorFlowTrainer._make_function
 
     def _make_function(self, step_function):

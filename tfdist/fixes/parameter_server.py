@@ -3,14 +3,14 @@
 Atomic assign_add on the ps, model.fit / evaluate / predict through tfdist's coordinator loop,
 sharded variables trained shard by shard and checkpointed whole (keras-team/keras#18624).
 
-Nothing here imports TensorFlow or Keras at import time. May import: tfdist.fixes.record,
-tfdist.fixes.replicas (the trainer module), and tfdist.parameter_server (when fit is called).
+Nothing here imports TensorFlow or Keras at import time; tfdist.parameter_server is imported
+when fit is called.
 """
 
 import functools
 
+from tfdist.fixes.keras_trainer import tf_trainer
 from tfdist.fixes.record import Fix, Target
-from tfdist.fixes.replicas import _tf_trainer
 
 
 def _ps_value_types() -> tuple:
@@ -131,7 +131,7 @@ def _fix_ps_fit_evaluate_predict():
     import tensorflow as tf
     from tensorflow.python.distribute import distribute_lib
 
-    cls = _tf_trainer().TensorFlowTrainer
+    cls = tf_trainer().TensorFlowTrainer
     original = {name: getattr(cls, name) for name in ("fit", "evaluate", "predict")}
 
     def on_ps(model) -> bool:

@@ -7,8 +7,6 @@ the Keras release and what then behaves as upstream. `report()` gives each fix's
 applying anything, for `tfdist env` and `tfdist doctor`.
 
 Opt out: TFDIST_KERAS_FIXES=0 (all), or a comma list of "-name" to skip single fixes.
-
-May import: tfdist.flavour, tfdist.releases, tfdist.fixes.* (the area modules).
 """
 
 from __future__ import annotations

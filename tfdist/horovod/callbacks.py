@@ -43,8 +43,20 @@ def _learning_rate(optimizer) -> float:
 @functools.lru_cache(maxsize=None)
 def callback_classes(keras) -> dict:
     """The four callbacks, on `keras.callbacks.Callback`, by name."""
-    import numpy as np
-    import tensorflow as tf
+    schedule = _learning_rate_schedule_callback(keras)
+    return {
+        cls.__name__: cls
+        for cls in (
+            _broadcast_callback(keras),
+            _metric_average_callback(keras),
+            schedule,
+            _learning_rate_warmup_callback(schedule),
+        )
+    }
+
+
+def _broadcast_callback(keras):
+    """`BroadcastGlobalVariablesCallback` on `keras.callbacks.Callback`."""
 
     class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         """Makes every process start from the weights of `root_rank`."""
@@ -71,6 +83,14 @@ def callback_classes(keras) -> dict:
                 self._broadcast()
                 self.broadcast_done = True
 
+    return BroadcastGlobalVariablesCallback
+
+
+def _metric_average_callback(keras):
+    """`MetricAverageCallback` on `keras.callbacks.Callback`."""
+    import numpy as np
+    import tensorflow as tf
+
     class MetricAverageCallback(keras.callbacks.Callback):
         """Averages the epoch's logs (metrics, loss) over the processes, in place: put it
         before the callbacks that read them (checkpoints, early stopping)."""
@@ -86,6 +106,13 @@ def callback_classes(keras) -> dict:
             averaged = allreduce(values).numpy()
             for name, value in zip(names, averaged):
                 logs[name] = float(value)
+
+    return MetricAverageCallback
+
+
+def _learning_rate_schedule_callback(keras):
+    """`LearningRateScheduleCallback` on `keras.callbacks.Callback`."""
+    import tensorflow as tf
 
     class LearningRateScheduleCallback(keras.callbacks.Callback):
         """Sets the learning rate to `initial_lr * multiplier(epoch)` from `start_epoch` to
@@ -143,14 +170,9 @@ def callback_classes(keras) -> dict:
             self.current_epoch = epoch
 
         def on_train_batch_begin(self, batch, logs=None):
-            epoch = self.current_epoch
-            if epoch < self.start_epoch or (self.end_epoch is not None and epoch >= self.end_epoch):
-                return
-            if self.staircase:
-                if batch == 0:
-                    self._adjust(epoch)
-            else:
-                self._adjust(epoch + float(batch) / self.steps_per_epoch)
+            epoch = _scheduled_epoch(self, self.current_epoch, batch)
+            if epoch is not None:
+                self._adjust(epoch)
 
         def on_train_batch_end(self, batch, logs=None):
             if self._restore_momentum is not None:
@@ -161,7 +183,13 @@ def callback_classes(keras) -> dict:
             if logs is not None:
                 logs["lr"] = _learning_rate(self.model.optimizer)
 
-    class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    return LearningRateScheduleCallback
+
+
+def _learning_rate_warmup_callback(schedule):
+    """`LearningRateWarmupCallback`, a subclass of `schedule` (LearningRateScheduleCallback)."""
+
+    class LearningRateWarmupCallback(schedule):
         """Raises the learning rate from `initial_lr / size` to `initial_lr` over
         `warmup_epochs`, every batch (Goyal et al., 2017)."""
 
@@ -196,15 +224,20 @@ def callback_classes(keras) -> dict:
                     f"{_learning_rate(self.model.optimizer):g}."
                 )
 
-    return {
-        cls.__name__: cls
-        for cls in (
-            BroadcastGlobalVariablesCallback,
-            MetricAverageCallback,
-            LearningRateScheduleCallback,
-            LearningRateWarmupCallback,
-        )
-    }
+    return LearningRateWarmupCallback
+
+
+def _scheduled_epoch(callback, epoch: int, batch: int):
+    """The epoch (fractional without `staircase`) whose learning rate a schedule `callback`
+    sets before `batch` of `epoch`, or None: the rate stays (outside the schedule's epochs;
+    with `staircase`, after an epoch's first batch)."""
+    if epoch < callback.start_epoch or (
+        callback.end_epoch is not None and epoch >= callback.end_epoch
+    ):
+        return None
+    if callback.staircase:
+        return epoch if batch == 0 else None
+    return epoch + float(batch) / callback.steps_per_epoch
 
 
 def _is_number(value) -> bool:

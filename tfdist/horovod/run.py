@@ -171,7 +171,7 @@ def set_horovod_environment(env: Optional[dict] = None) -> None:
 
 
 def launch_settings(args) -> dict:
-    """The keyword arguments of `tfdist.launcher.restarts._launch` for parsed horovodrun flags.
+    """The keyword arguments of `tfdist.launcher.restarts.launch_job` for parsed horovodrun flags.
 
     Raises:
         HorovodrunError: a flag or the command tfdist cannot run.

@@ -21,10 +21,7 @@ and evaluator, if any) runs the script.
 What became of the job (`JobResult`, the summary, the messages) is `tfdist.launcher.outcome`;
 running it again after a failure or a preemption, and elastic jobs, `tfdist.launcher.restarts`.
 
-May import: tfdist.netns, tfdist.settings, tfdist.training_report, tfdist.cluster,
-tfdist.preemption (its `__init__`: the exit code), and of this package `noise` and `outcome`;
-never `restarts`. Holds `_WARNED`, the warnings this process gave once. Nothing here imports
-TensorFlow.
+Holds `_WARNED`, the warnings this process gave once. Nothing here imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -346,45 +343,12 @@ def run_job(
     namespace = _job_namespace(out, quiet)  # closed below, with the tasks
     tasks: List[_Task] = []
     report_dir = tempfile.mkdtemp(prefix="tfdist-reports-")
-    deadline = None if timeout is None else time.monotonic() + timeout
-    interrupted: List[int] = []
-    previous = {}
-
-    def on_signal(signum, frame):
-        interrupted.append(signum)
-
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, on_signal)
+    watch = _Watch(timeout, grace, stop_when)
+    previous = watch.catch_signals()
     try:
         for plan in plans:
             tasks.append(_Task(plan, out, lock, log_dir, quiet, report_dir, verbose, namespace))
-        scripts = [t for t in tasks if not t.plan.serves]
-        reason = None
-        followed_until = None  # once a script task was preempted: when its peers must be done
-        while reason is None:
-            time.sleep(0.05)
-            now = time.monotonic()
-            for task in tasks:
-                if task.ended is None and task.proc.poll() is not None:
-                    task.ended = now
-            ended = [t for t in tasks if t.ended is not None]
-            if any(t.proc.returncode not in (0, PREEMPTED_EXIT_CODE) for t in ended):
-                reason = "failed"
-            elif all(t.ended is not None for t in scripts):
-                reason = "ended"  # "done" or "preempted": the exit codes tell, below
-            elif interrupted:
-                reason = "interrupted"
-            elif stop_when is not None and (asked := stop_when()):
-                reason = asked
-            elif deadline is not None and now > deadline:
-                reason = "timeout"
-            elif followed_until is not None and now > followed_until:
-                reason = "ended"  # the tasks still running did not follow: stopped, below
-            elif followed_until is None and any(
-                t.proc.returncode == PREEMPTED_EXIT_CODE for t in ended if not t.plan.serves
-            ):
-                followed_until = now + grace
+        reason = watch.wait(tasks)
         _stop(tasks, grace)
     finally:
         for task in tasks:  # whatever happened above, no child outlives the launcher
@@ -404,8 +368,66 @@ def run_job(
         reason,
         results,
         isolated=namespace is not None,
-        launcher_signal=interrupted[0] if interrupted else None,
+        launcher_signal=watch.interrupted[0] if watch.interrupted else None,
     )
+
+
+class _Watch:
+    """When a running job must end, and why: "failed" (a task exited with a code other than 0
+    and 143), "ended" (every script task exited, or a preempted task's peers had `grace`
+    seconds to follow), "interrupted" (the launcher's own SIGINT or SIGTERM), `stop_when`'s
+    reason, or "timeout"."""
+
+    def __init__(self, timeout: Optional[float], grace: float, stop_when):
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.grace, self.stop_when = grace, stop_when
+        self.interrupted: List[int] = []  # the launcher's own signals, in order
+        self.followed_until: Optional[float] = None  # once a script task was preempted
+
+    def catch_signals(self) -> dict:
+        """In the main thread, records SIGINT and SIGTERM (the job then ends "interrupted");
+        returns the handlers they had, to put back."""
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, self._on_signal)
+        return previous
+
+    def _on_signal(self, signum, frame) -> None:
+        self.interrupted.append(signum)
+
+    def wait(self, tasks: List[_Task]) -> str:
+        """Looks at the tasks every 50 ms until the job must end; returns why."""
+        scripts = [t for t in tasks if not t.plan.serves]
+        while True:
+            time.sleep(0.05)
+            now = time.monotonic()
+            for task in tasks:
+                if task.ended is None and task.proc.poll() is not None:
+                    task.ended = now
+            reason = self._reason(tasks, scripts, now)
+            if reason is not None:
+                return reason
+
+    def _reason(self, tasks: List[_Task], scripts: List[_Task], now: float) -> Optional[str]:
+        ended = [t for t in tasks if t.ended is not None]
+        if any(t.proc.returncode not in (0, PREEMPTED_EXIT_CODE) for t in ended):
+            return "failed"
+        if all(t.ended is not None for t in scripts):
+            return "ended"  # "done" or "preempted": the exit codes tell (run_job)
+        if self.interrupted:
+            return "interrupted"
+        asked = self.stop_when() if self.stop_when is not None else None
+        if asked:
+            return asked
+        if self.deadline is not None and now > self.deadline:
+            return "timeout"
+        if self.followed_until is not None:
+            # The tasks still running did not follow in time: stopped by run_job.
+            return "ended" if now > self.followed_until else None
+        if any(t.proc.returncode == PREEMPTED_EXIT_CODE for t in ended if not t.plan.serves):
+            self.followed_until = now + self.grace
+        return None
 
 
 def _stop(tasks: List[_Task], grace: float) -> None:

@@ -6,12 +6,11 @@ most `MAX_PREEMPTION_RESTARTS`), and, for an elastic job (`workers=(MIN, MAX)`,
 `check_workers`), uncounted ones with one worker fewer (a worker slot lost for good, `_Slots`)
 or more (SIGUSR1 or `grow`: a slot came back, `_Requests`). A SIGINT or SIGTERM to the
 launcher stops the job, which is not restarted. The `tfdist launch` command is a thin wrapper
-over `_launch`, which returns the last attempt's `JobResult` (`tfdist.launcher.outcome`).
+over `launch_job`, which returns the last attempt's `JobResult` (`tfdist.launcher.outcome`);
+`_Attempts` runs the attempts and decides after each one whether to run another.
 
-May import: tfdist.settings, tfdist.errors, tfdist.preemption (its `__init__`: the exit code),
-and of this package `job` and `outcome`. Holds no module-level state; while `launch` runs in
-the main thread, it handles SIGINT, SIGTERM and (an elastic job) SIGUSR1. Nothing here
-imports TensorFlow.
+Holds no module-level state; while `launch` runs in the main thread, it handles SIGINT, SIGTERM
+and (an elastic job) SIGUSR1. Nothing here imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from tfdist.launcher.outcome import (
 )
 from tfdist.preemption import PREEMPTED_EXIT_CODE
 
-__all__ = ["launch"]
+__all__ = ["launch", "launch_job"]
 
 # Restarts after a preemption are not counted against max_restarts; this many at most per
 # `launch`, so that a script that exits with 143 whatever happens does not restart forever.
@@ -97,6 +96,11 @@ class _Slots:
     @property
     def workers(self) -> int:
         return len(self.active)
+
+    @property
+    def spec(self) -> str:
+        """The job's flag, as the messages quote it: "--workers MIN:MAX"."""
+        return f"--workers {self.low}:{self.high}"
 
     def slot(self, task: Optional[str]) -> Union[int, str]:
         """The slot of task "worker:i" of the current attempt; other tasks are their own."""
@@ -228,7 +232,7 @@ def launch(
         ValueError: a bad `workers`, `max_restarts`, `timeout` or `grace`.
         JobFailed: with `check=True`, when the job did not end done.
     """
-    return _launch(
+    return launch_job(
         target,
         args,
         workers=workers,
@@ -249,7 +253,7 @@ def launch(
     ).returncodes
 
 
-def _launch(
+def launch_job(
     target: str,
     args: Sequence[str] = (),
     *,
@@ -270,8 +274,20 @@ def _launch(
     grow: Optional[threading.Event] = None,
     python: Optional[str] = None,
 ) -> JobResult:
-    """`launch`, returning the JobResult of the last attempt (the CLI's exit code needs it);
-    `python` is the tasks' interpreter (default: this one)."""
+    """`launch`, returning the `JobResult` of the last attempt instead of its exit codes:
+    `tfdist launch` and `tfdist horovodrun` make their exit code from it (`exit_code`).
+
+    Args:
+        python: str. The tasks' interpreter. Defaults to this one.
+        The others: as `launch`.
+
+    Returns:
+        JobResult: the last attempt's.
+
+    Raises:
+        ValueError: a bad `workers`, `max_restarts`, `timeout` or `grace`.
+        JobFailed: with `check=True`, when the job did not end done.
+    """
     if not is_count(max_restarts):
         raise ValueError(
             f"max_restarts must be a non-negative integer. Received: "
@@ -284,148 +300,211 @@ def _launch(
             f"grow= needs an elastic job. Received: workers={workers!r}. HINT: "
             "workers=(MIN, MAX), e.g. workers=(2, 3), starts 3 workers and can go on with 2."
         )
-    timeout = check_timeout(timeout)
-    grace = check_grace(grace)
-    verbose = settings.VERBOSE.get() if verbose is None else bool(verbose)
-    out = out or sys.stdout
-    spec = f"--workers {low}:{high}"
-    slots = _Slots(low, high, max_restarts) if elastic else None
-
-    def say(text: str) -> None:
-        out.write(f"[tfdist] {text}\n")
-        out.flush()
-
+    attempts = _Attempts(
+        dict(
+            target=target,
+            args=args,
+            ps=ps,
+            chief=chief,
+            evaluator=evaluator,
+            module=module,
+            extra_env=extra_env,
+            python=python,
+        ),
+        workers=workers,
+        slots=_Slots(low, high, max_restarts) if elastic else None,
+        max_restarts=max_restarts,
+        timeout=check_timeout(timeout),
+        grace=check_grace(grace),
+        log_dir=log_dir,
+        quiet=quiet,
+        verbose=settings.VERBOSE.get() if verbose is None else bool(verbose),
+        out=out or sys.stdout,
+    )
     with _Requests(grow).handled(elastic) as requests:
+        result = attempts.run(requests)
+    return attempts.finish(result, check)
 
-        def resize() -> Optional[str]:
-            if not requests.pending():
-                return None
-            if slots.workers < high:
-                return "resized"
-            requests.take()
-            say(f"A worker slot came back, but the job already runs {high} workers ({spec}).")
-            return None
 
-        if elastic:
-            how = (
-                f"`kill -USR1 {os.getpid()}` (this launcher's pid)"
-                if requests.on_sigusr1
-                else "setting `grow`"
-            )
-            say(
-                f"Elastic job ({spec}): starting {high} workers. A worker slot that fails more "
-                f"than --max-restarts {max_restarts} {'time' if max_restarts == 1 else 'times'} "
-                f"is dropped (down to {low} workers); {how} gives one back."
-            )
-        attempt = preemptions = 0
+class _Attempts:
+    """The attempts of one launched job: `run` runs one after the other while the last one
+    asks for a restart (a failure within `max_restarts`, a preemption, an elastic job's slot
+    lost or back) and the launcher was not stopped; `finish` says how the job ended."""
+
+    def __init__(
+        self,
+        plan: Mapping,
+        *,
+        workers,
+        slots: Optional[_Slots],
+        max_restarts: int,
+        timeout: Optional[float],
+        grace: float,
+        log_dir: Optional[str],
+        quiet: bool,
+        verbose: bool,
+        out: TextIO,
+    ):
+        self.plan = plan  # plan_job's arguments but `workers`
+        self.workers, self.slots, self.max_restarts = workers, slots, max_restarts
+        self.timeout, self.grace, self.log_dir = timeout, grace, log_dir
+        self.quiet, self.verbose, self.out = quiet, verbose, out
+        self.requests: Optional[_Requests] = None
+        self.restarts = self.preemptions = 0
+        self.note = ""  # why the job is not restarted, when the counts say so
+
+    def say(self, text: str) -> None:
+        self.out.write(f"[tfdist] {text}\n")
+        self.out.flush()
+
+    def run(self, requests: _Requests) -> JobResult:
+        """Runs attempts until one is not to be restarted; returns the last one's result."""
+        self.requests = requests
+        if self.slots:
+            self._announce()
         result: Optional[JobResult] = None
-        note = ""
         while True:
             if requests.signals:  # the launcher's own signal, between two attempts
                 signum = requests.signals[0]
-                result = (
-                    dataclasses.replace(result, launcher_signal=signum)
-                    if result
-                    else JobResult("interrupted", {}, launcher_signal=signum)
+                if result:
+                    return dataclasses.replace(result, launcher_signal=signum)
+                return JobResult("interrupted", {}, launcher_signal=signum)
+            if self.slots and self.slots.workers < self.slots.high and requests.pending():
+                back = self.slots.grow(requests.take())  # asked for between two attempts
+                self.say(
+                    f"{_plural(len(back), 'worker slot')} came back: {self.slots.workers} workers."
                 )
-                break
-            if elastic and slots.workers < high and requests.pending():
-                back = slots.grow(requests.take())  # asked for between two attempts
-                say(f"{_plural(len(back), 'worker slot')} came back: {slots.workers} workers.")
-            plans = plan_job(
-                target,
-                args,
-                workers=slots.workers if elastic else workers,
-                ps=ps,
-                chief=chief,
-                evaluator=evaluator,
-                module=module,
-                extra_env=extra_env,
-                python=python,
-            )
-            result = run_job(
-                plans,
-                timeout=timeout,
-                grace=grace,
-                out=out,
-                log_dir=log_dir,
-                quiet=quiet,
-                verbose=verbose,
-                stop_when=resize if elastic else None,
-            )
-            if not quiet:
-                out.write(summary(result))
-                out.flush()
-            if result.ok or result.launcher_signal:
-                break
-            if result.reason == "preempted":
-                if preemptions < MAX_PREEMPTION_RESTARTS:
-                    preemptions += 1
-                    say(
-                        f"The job was preempted ({_preempted_by(result)}); restarting it on "
-                        "fresh ports (not counted against --max-restarts; preemption restart "
-                        f"{preemptions} of at most {MAX_PREEMPTION_RESTARTS})."
-                    )
-                    continue
-                note = (
-                    f"It was restarted {MAX_PREEMPTION_RESTARTS} times after a preemption "
-                    "already (MAX_PREEMPTION_RESTARTS), so it is not restarted again. HINT: a "
-                    f"script that exits with {PREEMPTED_EXIT_CODE} when it was not sent SIGTERM "
-                    "restarts forever; run the same command again to resume from the backup."
-                )
-                break
-            if result.reason == "resized":
-                back = slots.grow(requests.take())
-                say(
-                    f"{_plural(len(back), 'worker slot')} came back; restarting the job with "
-                    f"{slots.workers} workers on fresh ports (not counted against "
-                    "--max-restarts)."
-                )
-                continue
-            if result.reason != "failed":
-                break
-            message = _failure_message(result, timeout, grace)
-            if not elastic:
-                if attempt < max_restarts:
-                    attempt += 1
-                    say(
-                        f"{message}\n[tfdist] Restarting the job ({attempt}/{max_restarts}) on "
-                        "fresh ports."
-                    )
-                    continue
-                break
-            first = _first_failure(result)
-            verdict, slot, count = slots.failed(first.task if first else None)
-            failures = f"{_plural(count, 'failure')} of {slots.name(slot)}"
-            if verdict == "restart":
-                say(
-                    f"{message}\n[tfdist] Restarting the job ({count}/{max_restarts} for "
-                    f"{slots.name(slot)}) on fresh ports."
-                )
-                continue
-            if verdict == "shrink":
-                say(
-                    f"{message}\n[tfdist] After {failures}, more than --max-restarts "
-                    f"{max_restarts}, the slot is lost for good: restarting the job with "
-                    f"{slots.workers} workers on fresh ports ({spec}; not counted against "
-                    "--max-restarts)."
-                )
-                continue
-            note = f"After {failures}, more than --max-restarts {max_restarts}, the job stops" + (
-                f": it cannot go on with fewer than {low} workers ({spec})."
-                if isinstance(slot, int)
-                else f" ({slot} is not a worker slot that the job can go on without)."
-            )
-            break
-    if result.ok:
+            result = self._attempt()
+            if not self._restart(result):
+                return result
+
+    def finish(self, result: JobResult, check: bool) -> JobResult:
+        """`result` when the job ended done; else says why (or raises JobFailed, `check`)."""
+        if result.ok:
+            return result
+        message = _failure_message(result, self.timeout, self.grace)
+        if check:
+            raise JobFailed(f"{message}\n{self.note}" if self.note else message, result)
+        self.say(message)
+        if self.note:
+            self.say(self.note)
         return result
-    message = _failure_message(result, timeout, grace)
-    if check:
-        raise JobFailed(f"{message}\n{note}" if note else message, result)
-    say(message)
-    if note:
-        say(note)
-    return result
+
+    def _announce(self) -> None:
+        slots, max_restarts = self.slots, self.max_restarts
+        how = (
+            f"`kill -USR1 {os.getpid()}` (this launcher's pid)"
+            if self.requests.on_sigusr1
+            else "setting `grow`"
+        )
+        self.say(
+            f"Elastic job ({slots.spec}): starting {slots.high} workers. A worker slot that fails "
+            f"more than --max-restarts {max_restarts} {'time' if max_restarts == 1 else 'times'} "
+            f"is dropped (down to {slots.low} workers); {how} gives one back."
+        )
+
+    def _resize(self) -> Optional[str]:
+        """`run_job`'s `stop_when` in an elastic job: "resized" when a slot came back."""
+        if not self.requests.pending():
+            return None
+        if self.slots.workers < self.slots.high:
+            return "resized"
+        self.requests.take()
+        self.say(
+            f"A worker slot came back, but the job already runs {self.slots.high} workers "
+            f"({self.slots.spec})."
+        )
+        return None
+
+    def _attempt(self) -> JobResult:
+        """Plans and runs the job once, on fresh ports; prints its summary (unless quiet)."""
+        plans = plan_job(workers=self.slots.workers if self.slots else self.workers, **self.plan)
+        result = run_job(
+            plans,
+            timeout=self.timeout,
+            grace=self.grace,
+            out=self.out,
+            log_dir=self.log_dir,
+            quiet=self.quiet,
+            verbose=self.verbose,
+            stop_when=self._resize if self.slots else None,
+        )
+        if not self.quiet:
+            self.out.write(summary(result))
+            self.out.flush()
+        return result
+
+    def _restart(self, result: JobResult) -> bool:
+        """True when the job is to run again after `result` (said why)."""
+        if result.ok or result.launcher_signal:
+            return False
+        if result.reason == "preempted":
+            return self._after_preemption(result)
+        if result.reason == "resized":
+            back = self.slots.grow(self.requests.take())
+            self.say(
+                f"{_plural(len(back), 'worker slot')} came back; restarting the job with "
+                f"{self.slots.workers} workers on fresh ports (not counted against "
+                "--max-restarts)."
+            )
+            return True
+        if result.reason != "failed":
+            return False
+        message = _failure_message(result, self.timeout, self.grace)
+        if self.slots:
+            return self._after_slot_failure(result, message)
+        if self.restarts < self.max_restarts:
+            self.restarts += 1
+            self.say(
+                f"{message}\n[tfdist] Restarting the job ({self.restarts}/{self.max_restarts}) "
+                "on fresh ports."
+            )
+            return True
+        return False
+
+    def _after_preemption(self, result: JobResult) -> bool:
+        if self.preemptions < MAX_PREEMPTION_RESTARTS:
+            self.preemptions += 1
+            self.say(
+                f"The job was preempted ({_preempted_by(result)}); restarting it on "
+                "fresh ports (not counted against --max-restarts; preemption restart "
+                f"{self.preemptions} of at most {MAX_PREEMPTION_RESTARTS})."
+            )
+            return True
+        self.note = (
+            f"It was restarted {MAX_PREEMPTION_RESTARTS} times after a preemption "
+            "already (MAX_PREEMPTION_RESTARTS), so it is not restarted again. HINT: a "
+            f"script that exits with {PREEMPTED_EXIT_CODE} when it was not sent SIGTERM "
+            "restarts forever; run the same command again to resume from the backup."
+        )
+        return False
+
+    def _after_slot_failure(self, result: JobResult, message: str) -> bool:
+        """An elastic job failed: restart it, without the slot that failed too often, or stop."""
+        slots, max_restarts = self.slots, self.max_restarts
+        first = _first_failure(result)
+        verdict, slot, count = slots.failed(first.task if first else None)
+        failures = f"{_plural(count, 'failure')} of {slots.name(slot)}"
+        if verdict == "restart":
+            self.say(
+                f"{message}\n[tfdist] Restarting the job ({count}/{max_restarts} for "
+                f"{slots.name(slot)}) on fresh ports."
+            )
+            return True
+        if verdict == "shrink":
+            self.say(
+                f"{message}\n[tfdist] After {failures}, more than --max-restarts "
+                f"{max_restarts}, the slot is lost for good: restarting the job with "
+                f"{slots.workers} workers on fresh ports ({slots.spec}; not counted against "
+                "--max-restarts)."
+            )
+            return True
+        self.note = f"After {failures}, more than --max-restarts {max_restarts}, the job stops" + (
+            f": it cannot go on with fewer than {slots.low} workers ({slots.spec})."
+            if isinstance(slot, int)
+            else f" ({slot} is not a worker slot that the job can go on without)."
+        )
+        return False
 
 
 def _plural(count: int, noun: str) -> str:

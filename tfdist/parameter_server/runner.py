@@ -9,10 +9,10 @@ had not applied (a progress slot per group on the ps, see `_Runner`), so
 `optimizer.iterations` stays exact; training goes on with the workers left (a worker restarted
 at the same address rejoins). While it waits, the runner probes the tasks (`watchdog`).
 
-May import: tfdist.settings, tfdist.errors, and of this package `checks` and `watchdog`
-(TensorFlow inside functions). Holds `_LOCK`, the package's one module-level state. Sets
-each model's runner on the model (`_tfdist_ps_runner`, past Keras' attribute tracking) and
-creates a progress variable on the ps tasks.
+TensorFlow is imported inside functions. Holds `_LOCK`, the package's one module-level state.
+Sets each model's runner on the model (`_tfdist_ps_runner`, past Keras' attribute tracking)
+and creates a progress variable on the ps tasks. `_GroupSteps` holds the steps a group's
+tf.function is made of.
 """
 
 from __future__ import annotations
@@ -233,92 +233,8 @@ class _Runner:
         if key not in self._functions:
             import tensorflow as tf
 
-            strategy, model = self.strategy, self.model
-            step = model.train_step if mode == "train" else model.test_step
-            progress = self._progress_variable()
-
-            def on_ps(slot):
-                # The slot index, copied to the progress variable's ps once per group: the
-                # steps' increments then need nothing from the worker.
-                with tf.device(progress.device):
-                    return tf.identity(slot)
-
-            def one_step(iterator, slot):
-                out = strategy.run(step, args=(next(iterator),))
-                self._count_step(mode, slot)
-                # Metrics are read from the ps: every replica reports the same aggregate.
-                out = tf.nest.map_structure(
-                    lambda v: strategy.experimental_local_results(v)[0], out
-                )
-                self._specs[mode] = tf.nest.map_structure(
-                    lambda t: tf.TensorSpec(t.shape, t.dtype), out
-                )
-                return out
-
-            def quiet_step(iterator, slot):
-                # A step whose logs are dropped. Reading them would still cost one read of
-                # every metric variable from the ps per step: traced with
-                # get_metrics_result() -> {} they are not read; the metric updates stay.
-                with _without_metric_results(model):
-                    strategy.run(step, args=(next(iterator),))
-                self._count_step(mode, slot)
-
-            def no_step():
-                # A retried group whose steps had all run: its logs, read from the ps.
-                spec = self._specs[mode]  # set by one_step: cond traces its true branch first
-                out = strategy.run(model.get_metrics_result)
-                out = tf.nest.map_structure(
-                    lambda v: strategy.experimental_local_results(v)[0], out
-                )
-                try:
-                    tf.nest.assert_same_structure(spec, out)
-                    if all(
-                        s.dtype == t.dtype
-                        for s, t in zip(tf.nest.flatten(spec), tf.nest.flatten(out))
-                    ):
-                        return out
-                except (TypeError, ValueError):
-                    pass
-                return tf.nest.map_structure(  # a custom step's own outputs: zeros
-                    lambda s: tf.zeros([d or 0 for d in s.shape.as_list()], s.dtype), spec
-                )
-
-            if size is not None:
-
-                def group(iterator, meta):
-                    slot = on_ps(meta[0])
-                    quiet = size - 1 if logs else size
-                    if quiet == 1:
-                        quiet_step(iterator, slot)
-                    elif quiet > 1:
-                        for _ in tf.range(quiet):
-                            quiet_step(iterator, slot)
-                    if logs:
-                        return one_step(iterator, slot)
-                    return None
-            else:
-
-                def resume(iterator, meta):
-                    slot, base, size_ = on_ps(meta[0]), meta[1], meta[2]
-                    done = (
-                        tf.raw_ops.ResourceGather(
-                            resource=progress.handle, indices=slot, dtype=tf.int64
-                        )
-                        - base
-                    )
-                    todo = size_ - done
-                    if not logs:
-                        for _ in tf.range(todo):
-                            quiet_step(iterator, slot)
-                        return None, done
-                    for _ in tf.range(todo - 1):
-                        quiet_step(iterator, slot)
-                    return tf.cond(todo > 0, lambda: one_step(iterator, slot), no_step), done
-
-                def group(iterator, meta):
-                    out, done = resume(iterator, meta)
-                    return {"logs": out, "done": done} if report else out
-
+            steps = _GroupSteps(self, mode)
+            group = steps.resuming(logs, report) if size is None else steps.fast(size, logs)
             self._functions[key] = tf.function(group)
         return self._functions[key]
 
@@ -481,6 +397,118 @@ class _Runner:
                     pass
             raise
         return last
+
+
+class _GroupSteps:
+    """The steps a runner's group functions are made of, for one mode ("train" or "test").
+
+    `fast(size, logs)` and `resuming(logs, report)` return the Python function of a group,
+    which `_Runner.function` turns into a tf.function: steps whose logs are dropped
+    (`quiet_step`), the last one's returned (`one_step`), or, for a retried group whose steps
+    had all run, the logs read from the ps (`no_step`). Every step counts itself in the group's
+    progress slot on the ps.
+    """
+
+    def __init__(self, runner: _Runner, mode: str):
+        self.strategy, self.model, self.mode = runner.strategy, runner.model, mode
+        self.step = self.model.train_step if mode == "train" else self.model.test_step
+        self.progress = runner._progress_variable()
+        self.count_step = runner._count_step
+        self.specs = runner._specs  # the structure of each mode's logs, once traced
+
+    def on_ps(self, slot):
+        """The slot index, copied to the progress variable's ps once per group: the steps'
+        increments then need nothing from the worker."""
+        import tensorflow as tf
+
+        with tf.device(self.progress.device):
+            return tf.identity(slot)
+
+    def one_step(self, iterator, slot):
+        """A step whose logs are returned."""
+        import tensorflow as tf
+
+        strategy = self.strategy
+        out = strategy.run(self.step, args=(next(iterator),))
+        self.count_step(self.mode, slot)
+        # Metrics are read from the ps: every replica reports the same aggregate.
+        out = tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], out)
+        self.specs[self.mode] = tf.nest.map_structure(
+            lambda t: tf.TensorSpec(t.shape, t.dtype), out
+        )
+        return out
+
+    def quiet_step(self, iterator, slot) -> None:
+        """A step whose logs are dropped. Reading them would still cost one read of every
+        metric variable from the ps per step: traced with get_metrics_result() -> {} they are
+        not read; the metric updates stay."""
+        with _without_metric_results(self.model):
+            self.strategy.run(self.step, args=(next(iterator),))
+        self.count_step(self.mode, slot)
+
+    def no_step(self):
+        """A retried group whose steps had all run: its logs, read from the ps."""
+        import tensorflow as tf
+
+        strategy = self.strategy
+        spec = self.specs[self.mode]  # set by one_step: cond traces its true branch first
+        out = strategy.run(self.model.get_metrics_result)
+        out = tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], out)
+        try:
+            tf.nest.assert_same_structure(spec, out)
+            if all(s.dtype == t.dtype for s, t in zip(tf.nest.flatten(spec), tf.nest.flatten(out))):
+                return out
+        except (TypeError, ValueError):
+            pass
+        return tf.nest.map_structure(  # a custom step's own outputs: zeros
+            lambda s: tf.zeros([d or 0 for d in s.shape.as_list()], s.dtype), spec
+        )
+
+    def fast(self, size: int, logs: bool) -> Callable:
+        """group(iterator, meta): `size` steps, from the first; the last one's logs if `logs`."""
+        import tensorflow as tf
+
+        def group(iterator, meta):
+            slot = self.on_ps(meta[0])
+            quiet = size - 1 if logs else size
+            if quiet == 1:
+                self.quiet_step(iterator, slot)
+            elif quiet > 1:
+                for _ in tf.range(quiet):
+                    self.quiet_step(iterator, slot)
+            if logs:
+                return self.one_step(iterator, slot)
+            return None
+
+        return group
+
+    def resuming(self, logs: bool, report: bool) -> Callable:
+        """group(iterator, meta): the steps the group's slot has not counted yet; its logs if
+        `logs`, with `report` as {"logs": ..., "done": steps already applied}."""
+        import tensorflow as tf
+
+        progress = self.progress
+
+        def resume(iterator, meta):
+            slot, base, size = self.on_ps(meta[0]), meta[1], meta[2]
+            done = (
+                tf.raw_ops.ResourceGather(resource=progress.handle, indices=slot, dtype=tf.int64)
+                - base
+            )
+            todo = size - done
+            if not logs:
+                for _ in tf.range(todo):
+                    self.quiet_step(iterator, slot)
+                return None, done
+            for _ in tf.range(todo - 1):
+                self.quiet_step(iterator, slot)
+            return tf.cond(todo > 0, lambda: self.one_step(iterator, slot), self.no_step), done
+
+        def group(iterator, meta):
+            out, done = resume(iterator, meta)
+            return {"logs": out, "done": done} if report else out
+
+        return group
 
 
 def _runner_for(model, strategy, coordinator) -> _Runner:

@@ -1,0 +1,155 @@
+"""`tfdist doctor`: the `tfdist env` report, the problems it shows, and a real smoke test.
+
+The smoke test is a 2-worker job on loopback (`tfdist.launcher.smoke_job`): an all-reduce, a
+3-step multi-worker fit, then scenarios that exercise tfdist's fixes. `diagnose` and
+`smoke_verdict` turn what they find into problems and failures, each with its fix.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import List, Mapping, Sequence
+
+from tfdist import settings
+from tfdist.cli.arguments import seconds
+from tfdist.cli.environment import environment_report, print_report
+
+# The doctor's scenarios (tfdist/launcher/smoke_job.py) and the fixes each one exercises.
+SCENARIO_FIXES = {
+    "fit_on_a_dataset": (
+        "symbolic_build_from_a_local_batch",
+        "multi_worker_mean_of_metric_results",
+    ),
+    "steps_per_execution": ("multi_worker_steps_per_execution",),
+    "checkpoints_and_backup": ("multi_worker_checkpoint_callbacks",),
+    "dropout_masks_per_worker": ("different_random_draws_per_replica",),
+}
+
+
+def add_commands(sub) -> None:
+    """Adds `doctor` to the subparsers `sub`."""
+    doc = sub.add_parser("doctor", help="environment report plus a real 2-process smoke test")
+    doc.add_argument(
+        "--timeout", type=seconds, default=180.0, help="seconds for the smoke test (default 180)"
+    )
+
+
+def diagnose(env: Mapping[str, str], devices: Sequence[str]) -> List[str]:
+    """Problems tfdist can recognise before running anything, each with its fix."""
+    problems = []
+    if env.get("TF_CONFIG", "").strip():
+        problems.append(
+            "TF_CONFIG is set in this shell, so every TensorFlow program started here joins "
+            "that cluster (and waits for its peers). HINT: `unset TF_CONFIG` for local runs; "
+            "`tfdist launch` sets it per task."
+        )
+    if settings.COMMUNICATION.get(env) == "nccl" and not any("gpu" in d.lower() for d in devices):
+        problems.append(
+            f"{settings.COMMUNICATION.name}=nccl, but this host has no GPU (replicas: "
+            f"{list(devices)}). HINT: unset it or use ring; NCCL needs every replica on a GPU."
+        )
+    return problems
+
+
+def _task_failures(name: str, output: Sequence[str]) -> List[str]:
+    """The failures one smoke task's output shows (the job ended in time)."""
+    failures = []
+    text = "\n".join(output)
+    if "could not form the multi-worker cluster" in text:
+        failures.append(
+            f"{name}: the workers could not meet on loopback. HINT: a blocked "
+            "port or a proxy (unset http_proxy/grpc_proxy for 127.0.0.1)."
+        )
+    elif "SMOKE allreduce=3" not in text:
+        failures.append(
+            f"{name}: the all-reduce did not give 1 + 2 = 3. Last lines:\n"
+            + "\n".join(output[-10:])
+        )
+    elif "SMOKE fit_steps=3" not in text:
+        failures.append(
+            f"{name}: the 3-step multi-worker fit failed. Last lines:\n" + "\n".join(output[-10:])
+        )
+    for scenario, outcome in scenario_outcomes(output).items():
+        if outcome != "ok":
+            fixes = ", ".join(SCENARIO_FIXES.get(scenario, ())) or "none"
+            failures.append(
+                f"{name}: the scenario {scenario} failed: {outcome}. The fixes that cover it: "
+                f"{fixes} (`tfdist env` shows their state). HINT: use a release of the "
+                "tested matrix, or report this release as an issue."
+            )
+    return failures
+
+
+def smoke_verdict(result) -> List[str]:
+    """Reads the smoke job's result; returns the failures, each with its fix."""
+    failures = []
+    for name, task in result.tasks.items():
+        if result.reason == "timeout":
+            failures.append(
+                f"{name}: no result in time. HINT: a firewall or a blocked loopback port stops "
+                "the workers from meeting; check that 127.0.0.1 ports are open."
+            )
+        else:
+            failures.extend(_task_failures(name, task.output))
+    return failures
+
+
+def scenario_outcomes(lines: Sequence[str]) -> dict:
+    """{scenario: "ok" or "FAILED ..."} from the smoke job's `SMOKE scenario:` lines."""
+    outcomes = {}
+    for line in lines:
+        if "SMOKE scenario:" in line:
+            key, _, outcome = line.split("SMOKE scenario:", 1)[1].partition("=")
+            outcomes[key] = outcome.strip()
+    return outcomes
+
+
+def _smoke_job(timeout: float):
+    """Runs the 2-worker smoke job (quietly); returns its JobResult."""
+    import tempfile
+
+    from tfdist.launcher.job import plan_job, run_job
+
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", settings.STRATEGY.name: "multi_worker_mirrored"}
+    with tempfile.TemporaryDirectory(prefix="tfdist-doctor-") as directory:
+        plans = plan_job(
+            "tfdist.launcher.smoke_job", [directory], module=True, workers=2, extra_env=env
+        )
+        return run_job(plans, timeout=timeout, quiet=True, grace=3.0)
+
+
+def doctor_command(args) -> int:
+    """Prints the report, its problems and the smoke test's outcome; returns 1 when the smoke
+    test failed."""
+    import time
+
+    report = environment_report()
+    print_report(report)
+    print("\n-- checks")
+    problems = diagnose(os.environ, report["replica_devices"])
+    if "error" in report["cluster"]:
+        problems.append(f"The detected cluster is invalid: {report['cluster']['error']}")
+    for problem in problems:
+        print(f"PROBLEM  {problem}")
+    print(
+        "-- smoke test: 2 workers on loopback (all-reduce, a 3-step fit, then the scenarios "
+        "that exercise the fixes)"
+    )
+    started = time.monotonic()
+    result = _smoke_job(args.timeout)
+    failures = smoke_verdict(result)
+    for failure in failures:
+        print(f"FAILED   {failure}")
+    took = time.monotonic() - started
+    chief = result.tasks.get("worker:0")
+    for scenario, outcome in scenario_outcomes(chief.output if chief else []).items():
+        print(f"{'ok' if outcome == 'ok' else 'FAILED':8} scenario {scenario}")
+    if not failures:
+        print(f"OK       2 workers met, all-reduced 1 + 2 = 3 and trained 3 steps ({took:.1f} s)")
+    verdict = (
+        "healthy"
+        if not (failures or problems)
+        else ("problems found (see above)" if not failures else "broken (see above)")
+    )
+    print(f"\nverdict: {verdict}")
+    return 1 if failures else 0

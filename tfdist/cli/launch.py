@@ -1,0 +1,275 @@
+"""`tfdist launch`, `tfdist horovodrun` and `tfdist serve`: local multi-process jobs.
+
+`launch` runs a script as a job of workers (and ps, chief, evaluator) on loopback, with
+restarts and elastic workers (`tfdist.launcher`); `horovodrun` takes horovodrun's common
+flags and runs a Horovod script the same way (`tfdist.horovod.run`); `serve` is what the
+worker and ps tasks of a launched parameter-server job run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Optional
+
+from tfdist import settings
+from tfdist.cli.arguments import positive_seconds, seconds
+from tfdist.strategy.registry import CLI_CHOICES, WITH_ALL_REDUCE
+
+
+def _grace(text: str) -> float:
+    """A positive, finite number of seconds (`--grace`)."""
+    return positive_seconds(
+        text,
+        "e.g. --grace 60 gives the tasks a minute to save and exit after a SIGTERM before they "
+        "are killed; leave --grace out for 30 s.",
+    )
+
+
+def _workers(text: str):
+    """`--workers N` (an int; N < 1 is refused later, with --ps), or `MIN:MAX` (a pair)."""
+    low, sep, high = text.partition(":")
+    try:
+        values = [int(low)] + ([int(high)] if sep else [])
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a number of workers N nor a range MIN:MAX of whole numbers. "
+            "HINT: e.g. --workers 2, or --workers 2:3 (an elastic job: start 3 workers, go on "
+            "with 2 when a worker slot is lost for good)."
+        ) from None
+    if not sep:
+        return values[0]
+    low, high = values
+    if low < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: MIN must be at least 1, a job needs a worker. HINT: --workers "
+            f"1:{max(high, 1)} starts {max(high, 1)} workers and goes on down to 1."
+        )
+    if low > high:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: MIN {low} is more than MAX {high}. HINT: --workers {high}:{low} starts "
+            f"{low} workers and goes on down to {high}."
+        )
+    return low, high
+
+
+def add_commands(sub) -> None:
+    """Adds `launch`, `horovodrun` and `serve` to the subparsers `sub`."""
+    _add_launch_parser(sub)
+    _add_horovodrun_parser(sub)
+    sub.add_parser("serve", help="run this task (from TF_CONFIG) as a worker/ps server")
+
+
+def _add_launch_parser(sub) -> None:
+    lau = sub.add_parser("launch", help="run a script as a local multi-process job")
+    lau.add_argument(
+        "--workers",
+        type=_workers,
+        default=1,
+        metavar="N|MIN:MAX",
+        help="number of workers (default 1); MIN:MAX for an elastic job that starts MAX workers "
+        "and goes on down to MIN (SIGUSR1 to the launcher gives a lost worker slot back)",
+    )
+    lau.add_argument("--ps", type=int, default=0, help="number of parameter servers")
+    lau.add_argument("--chief", action="store_true", help="add a chief task")
+    lau.add_argument("--evaluator", action="store_true", help="add an evaluator task")
+    lau.add_argument(
+        "--strategy",
+        choices=CLI_CHOICES,
+        help="strategy name for tfdist.make_strategy() (sets TFDIST_STRATEGY)",
+    )
+    lau.add_argument(
+        "--gradient-compression",
+        "--gradient_compression",
+        choices=("bf16", "fp16", "none"),
+        help=f"cast float32 gradients for the all-reduce of {' and '.join(WITH_ALL_REDUCE)} "
+        "(sets TFDIST_GRADIENT_COMPRESSION; default none)",
+    )
+    lau.add_argument(
+        "--max-restarts",
+        "--max_restarts",
+        type=int,
+        default=0,
+        help="restart the whole job at most this many times after a failure",
+    )
+    lau.add_argument(
+        "--timeout", type=seconds, default=None, help="stop the job after SECONDS (> 0)"
+    )
+    lau.add_argument(
+        "--grace",
+        type=_grace,
+        default=None,
+        metavar="SECONDS",
+        help="seconds the tasks get to save and exit after a SIGTERM (or after a peer was "
+        "preempted) before SIGKILL (default 30)",
+    )
+    lau.add_argument(
+        "--log-dir", "--log_dir", help="also write each task's output to LOG_DIR/<task>.log"
+    )
+    lau.add_argument(
+        "--dry-run",
+        "--dry_run",
+        action="store_true",
+        help="print each task's command and environment; start nothing",
+    )
+    lau.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        default=None,
+        help="show every line of the tasks, TensorFlow's C++ start-up logs included "
+        "(default: hidden, like TFDIST_VERBOSE=0; errors are always shown)",
+    )
+    lau.add_argument(
+        "-m", dest="module", action="store_true", help="TARGET is a module name, run as python -m"
+    )
+    lau.add_argument("target", metavar="TARGET", help="the script (or module with -m)")
+    lau.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+
+def _add_horovodrun_parser(sub) -> None:
+    hvd = sub.add_parser(
+        "horovodrun",
+        help="run a Horovod script (import horovod.tensorflow...) as a local multi-process job",
+        description="horovodrun's common flags; the processes run on this machine, over "
+        "TensorFlow's collectives (tfdist.horovod). Tuning and transport flags are accepted "
+        "and have no effect.",
+        allow_abbrev=False,  # the script's own flags (--out) are not prefixes of these
+    )
+    hvd.add_argument("-np", "--num-proc", "--num_proc", dest="num_proc", type=int, required=True)
+    hvd.add_argument("-H", "--hosts", help="this machine's slots, e.g. localhost:2")
+    hvd.add_argument("--hostfile", "--host-file", help="a hostfile (`localhost slots=2`)")
+    hvd.add_argument(
+        "--start-timeout",
+        "--start_timeout",
+        type=seconds,
+        help="seconds for every process to join (TFDIST_STARTUP_TIMEOUT)",
+    )
+    hvd.add_argument(
+        "--output-filename", "--output_filename", help="also write each process's output here"
+    )
+    hvd.add_argument("--verbose", action="store_true", help="show TensorFlow's start-up logs")
+    hvd.add_argument("--timeline-filename", "--timeline_filename", help="refused: no timeline")
+    hvd.add_argument(
+        "--timeout", type=seconds, default=None, help="stop the job after SECONDS (> 0)"
+    )
+    for flag in ("--gloo", "--mpi", "--jsrun", "--disable-cache", "--autotune"):
+        hvd.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    for flag in (
+        "-p",
+        "--ssh-port",
+        "--ssh-identity-file",
+        "--network-interface",
+        "--network-interfaces",
+        "--fusion-threshold-mb",
+        "--cycle-time-ms",
+        "--cache-capacity",
+        "--mpi-args",
+        "--log-level",
+    ):
+        hvd.add_argument(flag, help=argparse.SUPPRESS)
+    for flag in ("--hierarchical-allreduce", "--hierarchical-allgather", "--timeline-mark-cycles"):
+        hvd.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    hvd.add_argument("program", nargs=argparse.REMAINDER, help="python train.py ARGS")
+
+
+def _refusal(args) -> Optional[str]:
+    """Why `tfdist launch` cannot run these flags (the message, with its fix), or None."""
+    elastic = isinstance(args.workers, tuple)
+    if (not elastic and args.workers < 1) or args.ps < 0 or args.max_restarts < 0:
+        return (
+            "--workers must be >= 1, --ps and --max-restarts >= 0 "
+            f"(received --workers {args.workers} --ps {args.ps} --max-restarts "
+            f"{args.max_restarts}). HINT: e.g. --workers 2 --ps 0 --max-restarts 1"
+        )
+    if elastic and args.ps:
+        low, high = args.workers
+        return (
+            f"--workers {low}:{high} (an elastic job) does not go with "
+            f"--ps {args.ps}. HINT: a parameter-server job already keeps training when a worker "
+            "is lost: TensorFlow's ClusterCoordinator runs the lost worker's steps on the workers "
+            "left, where each task is its own pod or step (Kubernetes, SLURM); give a number of "
+            f"workers, e.g. --workers {high} --ps {args.ps}."
+        )
+    if not args.module and not os.path.exists(args.target):
+        return f"script {args.target!r} does not exist. HINT: give a path, or -m module.name"
+    return None
+
+
+def _extra_env(args) -> Optional[dict]:
+    """The variables `--strategy` and `--gradient-compression` set in every task, or None."""
+    extra = {settings.STRATEGY.name: args.strategy} if args.strategy else {}
+    if args.gradient_compression:
+        extra[settings.GRADIENT_COMPRESSION.name] = args.gradient_compression
+    return extra or None
+
+
+def launch_command(args) -> int:
+    """Runs (or with `--dry-run`, prints) the job; returns `tfdist launch`'s exit code."""
+    from tfdist.launcher.job import plan_job
+    from tfdist.launcher.outcome import GRACE_SECONDS, exit_code
+    from tfdist.launcher.restarts import launch_job
+
+    refusal = _refusal(args)
+    if refusal:
+        print(f"tfdist launch: error: {refusal}", file=sys.stderr)
+        return 2
+    script_args = list(args.args)
+    if script_args[:1] == ["--"]:
+        script_args = script_args[1:]
+    job = dict(
+        ps=args.ps,
+        chief=args.chief,
+        evaluator=args.evaluator,
+        module=args.module,
+        extra_env=_extra_env(args),
+    )
+    if args.dry_run:
+        workers = args.workers[1] if isinstance(args.workers, tuple) else args.workers
+        for plan in plan_job(args.target, script_args, workers=workers, **job):
+            print(plan.describe())
+        return 0
+    result = launch_job(
+        args.target,
+        script_args,
+        workers=args.workers,
+        **job,
+        max_restarts=args.max_restarts,
+        timeout=args.timeout,
+        grace=GRACE_SECONDS if args.grace is None else args.grace,
+        log_dir=args.log_dir,
+        verbose=args.verbose,
+    )
+    return exit_code(result)
+
+
+def horovodrun_command(args) -> int:
+    """Runs the Horovod script as a local job; returns `tfdist launch`'s exit code for it."""
+    from tfdist.horovod import run, shim
+    from tfdist.launcher.outcome import exit_code
+    from tfdist.launcher.restarts import launch_job
+
+    try:
+        launch = run.launch_settings(args)
+    except run.HorovodrunError as err:
+        print(f"tfdist horovodrun: error: {err}", file=sys.stderr)
+        return 2
+    real = shim.real_horovod()
+    if real is not None:
+        print(
+            f"tfdist horovodrun: warning: Horovod is installed ({real.origin}); the script's "
+            "`import horovod` gets it, not tfdist's API, and its processes will not find each "
+            "other here. HINT: import tfdist.horovod.tensorflow as hvd in the script, or "
+            "uninstall horovod.",
+            file=sys.stderr,
+        )
+    return exit_code(launch_job(**launch))
+
+
+def serve_command(args) -> int:
+    """Runs this task (from TF_CONFIG) as a server until the job stops it."""
+    from tfdist.strategy import serve
+
+    serve()
+    return 0
