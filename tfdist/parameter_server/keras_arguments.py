@@ -7,13 +7,12 @@ them, or a batched tf.data.Dataset) turned into tfdist's dataset-function form, 
 scope. Arrays are sharded over the workers (each repeats its shard); an epoch is one pass over
 the data unless steps are given.
 
-May import: tfdist.data, Keras' data adapters (inside functions), and of this package `checks`
-and `loop`. Holds no state.
+Holds no state.
 """
 
 from __future__ import annotations
 
-from tfdist.parameter_server.checks import _count
+from tfdist.parameter_server.checks import check_count as _count
 from tfdist.parameter_server.loop import evaluate_parameter_server, fit_parameter_server
 
 __all__ = ["keras_evaluate", "keras_fit"]
