@@ -26,7 +26,8 @@ What `import tfdist` does, and all it does:
   import error. To opt out: `TFDIST_KERAS_FIXES=0` turns off every Keras patch of tfdist, these
   included; `TFDIST_KERAS_FIXES=-keras_distribution_backend` (and the other
   `keras_distribution_*` names) single ones.
-- It reads no environment variable and sets none, and changes no other global state.
+- It sets no environment variable, and reads none until Keras is imported (the hook then
+  reads TF_USE_LEGACY_KERAS and TFDIST_KERAS_FIXES); it changes no other global state.
 
 Every task that `tfdist launch` starts imports tfdist at Python start-up, so the hook is in
 place there even for a script that never imports tfdist.
