@@ -8,8 +8,29 @@
         model.compile(optimizer="adam", loss="mse")
     model.fit(dataset, epochs=3)
 
-`import tfdist` never initialises the TensorFlow runtime (nor imports TensorFlow), so virtual
-devices and collectives can still be configured after it.
+What `import tfdist` does, and all it does:
+
+- It imports `tfdist.cluster` (`ClusterSpec`, `ClusterConfigError`, `detect_cluster`, with
+  `tfdist.errors` and `tfdist.settings`) and `tfdist.keras_distribution.hook`: pure Python and
+  the standard library. It imports neither TensorFlow nor Keras, so TensorFlow's runtime is not
+  initialised and virtual devices and collectives can still be configured after it.
+- Every other public name (`make_strategy`, `fit`, `launch`, `BackupAndRestore`, ...) imports
+  its module when it is first used.
+- It installs a Keras import hook (`tfdist.keras_distribution.hook.watch()`): a finder at the
+  front of `sys.meta_path` that waits for the top-level `keras` package. Once Keras has been
+  imported (by the script, or through `tf.keras`), the finder removes itself and tfdist installs
+  its `keras.distribution` support, so that Keras 3's distribution API runs on tf.distribute
+  instead of being a no-op on TensorFlow; until a distribution is set, Keras behaves as without
+  tfdist. If Keras is already imported, that happens at once. It is a no-op for tf_keras
+  (TF_USE_LEGACY_KERAS=1) and for another Keras backend, and a failure is a warning, never an
+  import error. To opt out: `TFDIST_KERAS_FIXES=0` turns off every Keras patch of tfdist, these
+  included; `TFDIST_KERAS_FIXES=-keras_distribution_backend` (and the other
+  `keras_distribution_*` names) single ones.
+- It sets no environment variable, and reads none until Keras is imported (the hook then
+  reads TF_USE_LEGACY_KERAS and TFDIST_KERAS_FIXES); it changes no other global state.
+
+Every task that `tfdist launch` starts imports tfdist at Python start-up, so the hook is in
+place there even for a script that never imports tfdist.
 """
 
 from tfdist.cluster import ClusterConfigError, ClusterSpec, detect_cluster

@@ -36,22 +36,22 @@ def one_live_one_dead_ps():
 
 
 def test_the_ps_tasks_that_refuse_connections_are_named(one_live_one_dead_ps):
-    from tfdist.parameter_server.watchdog import _unreachable
+    from tfdist.parameter_server.watchdog import unreachable
 
     strategy, addresses = one_live_one_dead_ps
-    assert _unreachable(strategy) == [("ps:1", addresses[1])]
-    assert _unreachable(strategy, ("worker",)) == []
+    assert unreachable(strategy) == [("ps:1", addresses[1])]
+    assert unreachable(strategy, ("worker",)) == []
 
 
 def test_a_tensorflow_error_after_a_ps_is_lost_becomes_task_unavailable(one_live_one_dead_ps):
     import tensorflow as tf
 
     from tfdist.parameter_server import TaskUnavailableError
-    from tfdist.parameter_server.watchdog import _naming_lost_tasks
+    from tfdist.parameter_server.watchdog import naming_lost_tasks
 
     strategy, addresses = one_live_one_dead_ps
     with pytest.raises(TaskUnavailableError) as caught:
-        with _naming_lost_tasks(strategy):
+        with naming_lost_tasks(strategy):
             raise tf.errors.UnavailableError(None, None, "recvmsg:Connection reset by peer")
     assert caught.value.tasks == ["ps:1"] and caught.value.addresses == [addresses[1]]
     message = str(caught.value)
@@ -66,15 +66,15 @@ def test_other_errors_pass_through_when_every_ps_answers():
 
     import tensorflow as tf
 
-    from tfdist.parameter_server.watchdog import _naming_lost_tasks
+    from tfdist.parameter_server.watchdog import naming_lost_tasks
 
     with socket.socket() as live:
         live.bind(("127.0.0.1", 0))
         live.listen(1)
         strategy = _FakeStrategy({"ps": [f"127.0.0.1:{live.getsockname()[1]}"]})
         with pytest.raises(tf.errors.InvalidArgumentError):
-            with _naming_lost_tasks(strategy):
+            with naming_lost_tasks(strategy):
                 raise tf.errors.InvalidArgumentError(None, None, "bad shape")
         with pytest.raises(ValueError):
-            with _naming_lost_tasks(strategy):
+            with naming_lost_tasks(strategy):
                 raise ValueError("not TensorFlow's")

@@ -151,10 +151,10 @@ def test_a_backup_left_by_another_fit_is_ignored():
 
 
 def test_tf_keras_resumes_inside_the_epoch_or_at_the_next_one_after_its_last_step():
-    from tfdist.preemption.parameter_server import _Resume
+    from tfdist.preemption.parameter_server import Resume
 
-    assert _Resume(1, 10).maybe_load_initial_counters_from_ckpt(40, 0) == (1, 10)
-    assert _Resume(1, 40).maybe_load_initial_counters_from_ckpt(40, 0) == (2, 0)
+    assert Resume(1, 10).maybe_load_initial_counters_from_ckpt(40, 0) == (1, 10)
+    assert Resume(1, 40).maybe_load_initial_counters_from_ckpt(40, 0) == (2, 0)
 
 
 def test_a_fit_that_fails_closes_its_backup():

@@ -3,7 +3,7 @@
 Counts (steps, epochs), the strategy (a ParameterServerStrategy, the coordinator side) and
 dataset functions, each refused with a message quoting the value and saying what was expected.
 
-A leaf of the package: imports tfdist.errors only (TensorFlow inside functions). Holds no state.
+TensorFlow is imported inside functions only. Holds no state.
 """
 
 from __future__ import annotations
@@ -11,14 +11,16 @@ from __future__ import annotations
 from tfdist.errors import is_count
 
 
-def _count(name: str, value, *, minimum: int = 1) -> int:
+def check_count(name: str, value, *, minimum: int = 1) -> int:
+    """`value`, when it is an integer >= `minimum`; else a ValueError naming `name`."""
     if not is_count(value, minimum):
         kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ValueError(f"`{name}` must be {kind}. Received: {name}={value!r}.")
     return value
 
 
-def _check_strategy(strategy) -> None:
+def check_strategy(strategy) -> None:
+    """Refuses anything but a ParameterServerStrategy (TypeError)."""
     import tensorflow as tf
 
     if not isinstance(strategy, tf.distribute.ParameterServerStrategy):
@@ -30,10 +32,14 @@ def _check_strategy(strategy) -> None:
         )
 
 
-def _check_dataset_fn(name: str, dataset_fn) -> None:
+def check_dataset_fn(name: str, dataset_fn) -> None:
+    """Refuses a `dataset_fn` that is not callable (TypeError naming `name`)."""
     if not callable(dataset_fn):
         raise TypeError(
             f"`{name}` must be a function of a tf.distribute.InputContext that returns a "
             f"tf.data.Dataset of batches. Received: {name}={dataset_fn!r} (of type "
             f"{type(dataset_fn).__name__})."
         )
+
+
+_check_strategy = check_strategy  # the former name, which runner.py imports

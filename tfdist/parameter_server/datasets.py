@@ -4,7 +4,7 @@ A dataset function (callable(InputContext) -> tf.data.Dataset of batches) is che
 repeated, so that a fixed number of steps never runs out; the coordinator makes one dataset
 per worker from it, and makes one batch locally to learn the data's shapes and dtypes.
 
-A leaf of the package: imports nothing of tfdist (TensorFlow inside functions). Holds no state.
+TensorFlow is imported inside functions only. Holds no state.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 
-def _repeating(name: str, dataset_fn: Callable) -> Callable:
+def repeating(name: str, dataset_fn: Callable) -> Callable:
     """`dataset_fn`, checked, and repeated so that a fixed number of steps never runs out."""
     import tensorflow as tf
 
@@ -28,20 +28,21 @@ def _repeating(name: str, dataset_fn: Callable) -> Callable:
     return make
 
 
-def _per_worker_dataset(coordinator, strategy, name: str, dataset_fn: Callable):
+def per_worker_dataset(coordinator, strategy, name: str, dataset_fn: Callable):
+    """The coordinator's per-worker dataset of `dataset_fn`, repeated, made on every worker."""
     # tfdist's function of a dataset made here: rebuilt from its graph on each worker
     dataset_fn = getattr(dataset_fn, "for_workers", lambda: dataset_fn)()
-    make = _repeating(name, dataset_fn)
+    make = repeating(name, dataset_fn)
     return coordinator.create_per_worker_dataset(
         lambda: strategy.distribute_datasets_from_function(make)
     )
 
 
-def _local_batch(name: str, dataset_fn: Callable):
+def local_batch(name: str, dataset_fn: Callable):
     """One batch of `dataset_fn`, made on the coordinator (to learn shapes and dtypes)."""
     import tensorflow as tf
 
-    dataset = _repeating(name, dataset_fn)(tf.distribute.InputContext())
+    dataset = repeating(name, dataset_fn)(tf.distribute.InputContext())
     try:
         return next(iter(dataset.take(1)))
     except StopIteration:

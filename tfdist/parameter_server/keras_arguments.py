@@ -10,7 +10,7 @@ the data unless steps are given. Holds no state.
 
 from __future__ import annotations
 
-from tfdist.parameter_server.checks import _count
+from tfdist.parameter_server.checks import check_count
 from tfdist.parameter_server.loop import evaluate_parameter_server, fit_parameter_server
 
 __all__ = ["keras_evaluate", "keras_fit"]
@@ -52,7 +52,7 @@ def _keras_data(x, y, sample_weight, batch_size, shuffle: bool, what: str):
 
 def _keras_steps(name: str, given, one_pass, what: str) -> int:
     if given is not None:
-        return _count(name, given)
+        return check_count(name, given)
     if one_pass is None:
         raise ValueError(
             f"`{what}` on parameter_server needs `{name}` for a dataset of unknown or infinite "

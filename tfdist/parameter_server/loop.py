@@ -30,8 +30,7 @@ the model, `model._tfdist_backup` (past Keras' attribute tracking), with
 The loop then keeps at most `_Runner.window` groups in flight (a stop waits for no more than
 those) and reads no group's logs for it.
 
-May import: tfdist.flavour, and of this package `checks`, `datasets`, `model`, `runner`,
-`watchdog` and `tf_keras`. Holds no state.
+Holds no state.
 """
 
 from __future__ import annotations
@@ -40,12 +39,12 @@ import contextlib
 from typing import Callable, Optional
 
 from tfdist import flavour
-from tfdist.parameter_server.checks import _check_dataset_fn, _check_strategy, _count
-from tfdist.parameter_server.datasets import _per_worker_dataset
-from tfdist.parameter_server.model import _build
+from tfdist.parameter_server.checks import check_count, check_dataset_fn, check_strategy
+from tfdist.parameter_server.datasets import per_worker_dataset
+from tfdist.parameter_server.model import build_keras3
 from tfdist.parameter_server.runner import _runner_for, coordinator_for
-from tfdist.parameter_server.tf_keras import _evaluate_tf_keras, _fit_tf_keras
-from tfdist.parameter_server.watchdog import _naming_lost_tasks
+from tfdist.parameter_server.tf_keras import evaluate_tf_keras, fit_tf_keras
+from tfdist.parameter_server.watchdog import naming_lost_tasks
 
 __all__ = ["evaluate_parameter_server", "fit_parameter_server"]
 
@@ -194,7 +193,7 @@ def _evaluate_loop(model, runner, iterator, steps, steps_per_execution, callback
 def _steps_per_execution(model, value) -> int:
     if value is None:
         value = getattr(model, "steps_per_execution", None) or 1
-    return _count("steps_per_execution", value)
+    return check_count("steps_per_execution", value)
 
 
 def fit_parameter_server(
@@ -250,21 +249,21 @@ def fit_parameter_server(
             restarted from a checkpoint. A lost worker is not an error: its groups run
             again on the other workers, each step applied once.
     """
-    _check_dataset_fn("dataset_fn", dataset_fn)
-    _count("epochs", epochs, minimum=0)
-    _count("steps_per_epoch", steps_per_epoch)
-    _count("initial_epoch", initial_epoch, minimum=0)
+    check_dataset_fn("dataset_fn", dataset_fn)
+    check_count("epochs", epochs, minimum=0)
+    check_count("steps_per_epoch", steps_per_epoch)
+    check_count("initial_epoch", initial_epoch, minimum=0)
     if steps_per_execution is not None:
-        _count("steps_per_execution", steps_per_execution)
+        check_count("steps_per_execution", steps_per_execution)
     if validation_dataset_fn is not None:
-        _check_dataset_fn("validation_dataset_fn", validation_dataset_fn)
+        check_dataset_fn("validation_dataset_fn", validation_dataset_fn)
         if validation_steps is None:
             raise ValueError(
                 "`validation_steps` is required with `validation_dataset_fn`: a dataset made "
                 "per worker has no common end. Received: validation_steps=None."
             )
-        _count("validation_steps", validation_steps)
-    _check_strategy(strategy)
+        check_count("validation_steps", validation_steps)
+    check_strategy(strategy)
     options = dict(
         epochs=epochs,
         steps_per_epoch=steps_per_epoch,
@@ -276,9 +275,9 @@ def fit_parameter_server(
         initial_epoch=initial_epoch,
         sample_batch=sample_batch,
     )
-    with _naming_lost_tasks(strategy):
+    with naming_lost_tasks(strategy):
         if flavour.uses_legacy_keras():
-            return _fit_tf_keras(model, strategy, dataset_fn, **options)
+            return fit_tf_keras(model, strategy, dataset_fn, **options)
         return _fit_keras3(model, strategy, dataset_fn, **options)
 
 
@@ -300,12 +299,12 @@ def _fit_keras3(
     keras = flavour.keras()
     k = _steps_per_execution(model, steps_per_execution)
     coordinator = coordinator_for(strategy)
-    _build(model, strategy, dataset_fn, sample_batch, "fit_parameter_server")
+    build_keras3(model, strategy, dataset_fn, sample_batch, "fit_parameter_server")
     runner = _runner_for(model, strategy, coordinator)
-    train_iterator = iter(_per_worker_dataset(coordinator, strategy, "dataset_fn", dataset_fn))
+    train_iterator = iter(per_worker_dataset(coordinator, strategy, "dataset_fn", dataset_fn))
     validation = None
     if validation_dataset_fn is not None:
-        validation = _per_worker_dataset(
+        validation = per_worker_dataset(
             coordinator, strategy, "validation_dataset_fn", validation_dataset_fn
         )
     if not isinstance(callbacks, keras.callbacks.CallbackList):
@@ -390,11 +389,11 @@ def evaluate_parameter_server(
         The loss and metrics over all `steps` batches (aggregated over every worker), as a
         list (a scalar when there is only the loss) or a dict.
     """
-    _check_dataset_fn("dataset_fn", dataset_fn)
-    _count("steps", steps)
+    check_dataset_fn("dataset_fn", dataset_fn)
+    check_count("steps", steps)
     if steps_per_execution is not None:
-        _count("steps_per_execution", steps_per_execution)
-    _check_strategy(strategy)
+        check_count("steps_per_execution", steps_per_execution)
+    check_strategy(strategy)
     options = dict(
         steps=steps,
         steps_per_execution=steps_per_execution,
@@ -403,9 +402,9 @@ def evaluate_parameter_server(
         return_dict=return_dict,
         sample_batch=sample_batch,
     )
-    with _naming_lost_tasks(strategy):
+    with naming_lost_tasks(strategy):
         if flavour.uses_legacy_keras():
-            return _evaluate_tf_keras(model, strategy, dataset_fn, **options)
+            return evaluate_tf_keras(model, strategy, dataset_fn, **options)
         return _evaluate_keras3(model, strategy, dataset_fn, **options)
 
 
@@ -424,9 +423,9 @@ def _evaluate_keras3(
     keras = flavour.keras()
     k = _steps_per_execution(model, steps_per_execution)
     coordinator = coordinator_for(strategy)
-    _build(model, strategy, dataset_fn, sample_batch, "evaluate_parameter_server")
+    build_keras3(model, strategy, dataset_fn, sample_batch, "evaluate_parameter_server")
     runner = _runner_for(model, strategy, coordinator)
-    iterator = iter(_per_worker_dataset(coordinator, strategy, "dataset_fn", dataset_fn))
+    iterator = iter(per_worker_dataset(coordinator, strategy, "dataset_fn", dataset_fn))
     if not isinstance(callbacks, keras.callbacks.CallbackList):
         callbacks = keras.callbacks.CallbackList(
             callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1, steps=steps, model=model

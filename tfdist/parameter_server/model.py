@@ -6,8 +6,7 @@ fit / evaluate call it; call it yourself to restore a checkpoint into the built 
 training. (Not to be confused with the `build_model` function given to `tfdist.fit`, which
 makes and compiles the model.)
 
-May import: tfdist.flavour, and of this package `checks`, `datasets` and `tf_keras` (the
-tf_keras path). Holds no state.
+Holds no state.
 """
 
 from __future__ import annotations
@@ -15,9 +14,9 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from tfdist import flavour
-from tfdist.parameter_server.checks import _check_strategy
-from tfdist.parameter_server.datasets import _local_batch
-from tfdist.parameter_server.tf_keras import _tf_keras_prepare
+from tfdist.parameter_server.checks import check_strategy
+from tfdist.parameter_server.datasets import local_batch
+from tfdist.parameter_server.tf_keras import prepare_model
 
 __all__ = ["build_for_parameter_server"]
 
@@ -51,22 +50,23 @@ def build_for_parameter_server(
             training data. Defaults to the first batch of `dataset_fn`.
     """
     if flavour.uses_legacy_keras():
-        _check_strategy(strategy)
-        _tf_keras_prepare(model, strategy, dataset_fn, None, sample_batch)
+        check_strategy(strategy)
+        prepare_model(model, strategy, dataset_fn, None, sample_batch)
         with strategy.scope():
             model.optimizer.build(model.trainable_variables)
         return
-    _build(model, strategy, dataset_fn, sample_batch, "build_for_parameter_server")
+    build_keras3(model, strategy, dataset_fn, sample_batch, "build_for_parameter_server")
 
 
-def _build(model, strategy, dataset_fn, sample_batch, method: str) -> None:
-    _check_strategy(strategy)
+def build_keras3(model, strategy, dataset_fn, sample_batch, method: str) -> None:
+    """`build_for_parameter_server` for a Keras 3 model; errors name the caller, `method`."""
+    check_strategy(strategy)
     _check_model(model, strategy, method)
     if sample_batch is None:
         if dataset_fn is None:
             raise ValueError(
                 "build_for_parameter_server needs `dataset_fn` or `sample_batch` (one batch)."
             )
-        sample_batch = _local_batch("dataset_fn", dataset_fn)
+        sample_batch = local_batch("dataset_fn", dataset_fn)
     with strategy.scope():
         model._symbolic_build(data_batch=sample_batch)

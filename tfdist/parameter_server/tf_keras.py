@@ -5,8 +5,7 @@ tf_keras supports ParameterServerStrategy natively: fit / evaluate go to the mod
 batch-level callbacks with a parameter-server strategy (epoch-level ones work), so verbose=1
 becomes one line per epoch.
 
-A leaf of the package that `loop` and `model` dispatch to: may import tfdist.flavour and of
-this package `checks` and `datasets`. Holds no state.
+`loop` and `model` dispatch to it under tf_keras. Holds no state.
 """
 
 from __future__ import annotations
@@ -14,14 +13,16 @@ from __future__ import annotations
 import logging
 
 from tfdist import flavour
-from tfdist.parameter_server.checks import _count
-from tfdist.parameter_server.datasets import _local_batch, _repeating
+from tfdist.parameter_server.checks import check_count
+from tfdist.parameter_server.datasets import local_batch, repeating
 
 log = logging.getLogger("tfdist")
 
 
-def _tf_keras_prepare(model, strategy, dataset_fn, steps_per_execution, sample_batch):
-    """tf_keras trains ps natively; build a model with no known input shape, set k."""
+def prepare_model(model, strategy, dataset_fn, steps_per_execution, sample_batch):
+    """Readies a tf_keras model for its own parameter-server fit / evaluate: checks it was made
+    in `strategy`'s scope, builds it on one local batch if its input shape is unknown, and sets
+    `steps_per_execution` (when given)."""
     if getattr(model, "distribute_strategy", None) is not strategy:
         raise ValueError(
             "The model was not created inside this parameter-server strategy's scope. HINT: "
@@ -29,12 +30,14 @@ def _tf_keras_prepare(model, strategy, dataset_fn, steps_per_execution, sample_b
         )
     if not model.built:
         if sample_batch is None:
-            sample_batch = _local_batch("dataset_fn", dataset_fn)
+            sample_batch = local_batch("dataset_fn", dataset_fn)
         x = sample_batch[0] if isinstance(sample_batch, (tuple, list)) else sample_batch
         with strategy.scope():
             model(x)
     if steps_per_execution is not None:
-        model._configure_steps_per_execution(_count("steps_per_execution", steps_per_execution))
+        model._configure_steps_per_execution(
+            check_count("steps_per_execution", steps_per_execution)
+        )
 
 
 def _tf_keras_verbose(verbose):
@@ -46,7 +49,7 @@ def _tf_keras_verbose(verbose):
     return verbose
 
 
-def _fit_tf_keras(
+def fit_tf_keras(
     model,
     strategy,
     dataset_fn,
@@ -61,15 +64,16 @@ def _fit_tf_keras(
     initial_epoch,
     sample_batch,
 ):
+    """`fit_parameter_server` under tf_keras: the model's own fit on a DatasetCreator."""
     keras = flavour.keras()
     creator = keras.utils.experimental.DatasetCreator
-    _tf_keras_prepare(model, strategy, dataset_fn, steps_per_execution, sample_batch)
+    prepare_model(model, strategy, dataset_fn, steps_per_execution, sample_batch)
     validation = None
     if validation_dataset_fn is not None:
-        validation = creator(_repeating("validation_dataset_fn", validation_dataset_fn))
+        validation = creator(repeating("validation_dataset_fn", validation_dataset_fn))
     try:
         return model.fit(
-            creator(_repeating("dataset_fn", dataset_fn)),
+            creator(repeating("dataset_fn", dataset_fn)),
             epochs=epochs,
             steps_per_epoch=steps_per_epoch,
             callbacks=callbacks,
@@ -87,7 +91,7 @@ def _fit_tf_keras(
         raise
 
 
-def _evaluate_tf_keras(
+def evaluate_tf_keras(
     model,
     strategy,
     dataset_fn,
@@ -99,10 +103,11 @@ def _evaluate_tf_keras(
     return_dict,
     sample_batch,
 ):
+    """`evaluate_parameter_server` under tf_keras: the model's own evaluate."""
     keras = flavour.keras()
-    _tf_keras_prepare(model, strategy, dataset_fn, steps_per_execution, sample_batch)
+    prepare_model(model, strategy, dataset_fn, steps_per_execution, sample_batch)
     return model.evaluate(
-        keras.utils.experimental.DatasetCreator(_repeating("dataset_fn", dataset_fn)),
+        keras.utils.experimental.DatasetCreator(repeating("dataset_fn", dataset_fn)),
         steps=steps,
         callbacks=callbacks,
         verbose=_tf_keras_verbose(verbose),

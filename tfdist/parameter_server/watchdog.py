@@ -3,12 +3,12 @@
 A ps that dies takes the model's variables with it, and TensorFlow reports it at best as an
 UnavailableError naming an address, or not at all (it may wait on for a host that vanished
 without closing its sockets). tfdist probes the ps tasks (a TCP connection to each) on any
-TensorFlow error (`_naming_lost_tasks`), and the runner probes them every WATCHDOG_SECONDS
+TensorFlow error (`naming_lost_tasks`), and the runner probes them every WATCHDOG_SECONDS
 while it waits for scheduled groups; a lost ps ends fit / evaluate with a TaskUnavailableError
 naming it, and the job must be restarted from its last checkpoint.
 
-Imports tfdist.errors only (TensorFlow inside functions). Holds no state; opens and closes TCP
-connections to the cluster's tasks.
+TensorFlow is imported inside functions only. Holds no state; opens and closes TCP connections
+to the cluster's tasks.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _cluster_addresses(strategy, jobs) -> list:
     return out
 
 
-def _unreachable(strategy, jobs=("ps",), timeout: float = PROBE_TIMEOUT_SECONDS) -> list:
+def unreachable(strategy, jobs=("ps",), timeout: float = PROBE_TIMEOUT_SECONDS) -> list:
     """[(task, address)] of the tasks of `jobs` that refuse or time out a TCP connection."""
     import socket
 
@@ -58,7 +58,9 @@ def _unreachable(strategy, jobs=("ps",), timeout: float = PROBE_TIMEOUT_SECONDS)
     return lost
 
 
-def _lost_ps_error(lost, cause=None) -> TaskUnavailableError:
+def lost_ps_error(lost, cause=None) -> TaskUnavailableError:
+    """The TaskUnavailableError for the lost ps tasks `lost` ([(task, address)]), with what
+    TensorFlow said (`cause`), if anything."""
     tasks = [task for task, _ in lost]
     named = ", ".join(f"{task} ({address})" for task, address in lost)
     said = ""
@@ -85,7 +87,7 @@ def _names_a_ps(error, strategy) -> bool:
 
 
 @contextlib.contextmanager
-def _naming_lost_tasks(strategy):
+def naming_lost_tasks(strategy):
     """Turns TensorFlow's errors after a ps task is lost into a TaskUnavailableError.
 
     TensorFlow reports a dead ps as an UnavailableError naming at best an address ("recvmsg:
@@ -101,12 +103,17 @@ def _naming_lost_tasks(strategy):
     except TaskUnavailableError:
         raise
     except tf.errors.OpError as err:
-        lost = _unreachable(strategy)
+        lost = unreachable(strategy)
         if not lost and _names_a_ps(err, strategy):
             deadline = time.monotonic() + LOST_TASK_GRACE_SECONDS
             while not lost and time.monotonic() < deadline:
                 time.sleep(0.25)
-                lost = _unreachable(strategy)
+                lost = unreachable(strategy)
         if not lost:
             raise
-        raise _lost_ps_error(lost, err) from err
+        raise lost_ps_error(lost, err) from err
+
+
+# the former names, which runner.py imports
+_unreachable = unreachable
+_lost_ps_error = lost_ps_error

@@ -14,7 +14,7 @@ In one process (mirrored, one_device), there is no one to agree with: training s
 step that is running when the signal comes.
 
 Steps are counted per `fit`: every worker runs the same fits, so the n-th fit of each process
-uses keys of its own. Imports TensorFlow (lazily), and tfdist.signals.
+uses keys of its own. Imports TensorFlow lazily.
 """
 
 from __future__ import annotations

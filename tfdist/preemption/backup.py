@@ -8,7 +8,7 @@ replaces the JSON file in one rename, then removes the older checkpoint: a task 
 saves leaves the previous backup whole. Paths go through tf.io.gfile, so a backup directory may
 be on any filesystem TensorFlow writes (gs://, s3:// with the plugins, HDFS).
 
-Imports TensorFlow lazily; nothing of tfdist.
+Imports TensorFlow lazily.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from tfdist import flavour, signals
 from tfdist.preemption import PREEMPTED_EXIT_CODE, Preempted
 from tfdist.preemption.agreement import Agreement
 from tfdist.preemption.backup import BackupStore
-from tfdist.preemption.parameter_server import ParameterServerBackup, _Resume, _say
+from tfdist.preemption.parameter_server import ParameterServerBackup, Resume, say
 
 __all__ = ["BackupAndRestore"]
 
@@ -261,7 +261,7 @@ class BackupAndRestore:
         self._skip_batches = max(int(position) - step, 0) if position is not None else 0
         if self._is_chief:
             where = f"epoch {epoch + 1}" + (f", step {step + 1}" if step else "")
-            _say(
+            say(
                 f"tfdist: restored the backup in {self.backup_dir} "
                 f"(optimizer step {state.get('iterations')}); training resumes at {where}."
             )
@@ -274,13 +274,13 @@ class BackupAndRestore:
         where = f"epoch {self._epoch + 1}, step {self._step}"
         if self._is_chief:
             stopped = "every worker stopped" if agreement.multi_worker else "training stopped"
-            _say(
+            say(
                 f"tfdist: SIGTERM (to {who}): {stopped} after {where}; the backup "
                 f"is in {self.backup_dir}. Exiting with code {PREEMPTED_EXIT_CODE}: run the "
                 "same command again to resume at the next step."
             )
         else:
-            _say(f"tfdist: SIGTERM (to {who}): stopped after {where}; exiting.")
+            say(f"tfdist: SIGTERM (to {who}): stopped after {where}; exiting.")
         self._close()
         raise Preempted(self._epoch, self._step, self.backup_dir)
 
@@ -331,7 +331,7 @@ def _set_initial_epoch(model, value, restoring: bool = False) -> None:
     """Where Keras' fit starts: Keras 3 reads `model._initial_epoch`, tf_keras asks
     `model._training_state`, both after on_train_begin."""
     if flavour.uses_legacy_keras():
-        model._training_state = value if restoring else _Resume(value, 0)
+        model._training_state = value if restoring else Resume(value, 0)
     else:
         model._initial_epoch = value
 

@@ -31,7 +31,7 @@ reads no group's logs for the backup. tf_keras' own fit (which runs parameter-se
 natively) through the callback's hooks: `on_train_batch_end` comes when a group is scheduled,
 with its logs as a RemoteValue that is never fetched.
 
-Imports TensorFlow lazily; of tfdist: flavour, signals, preemption (agreement, backup).
+Imports TensorFlow lazily.
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ __all__ = ["ParameterServerBackup"]
 _IN_FLIGHT_PER_WORKER = 4
 
 
-class _Resume:
+class Resume:
     """Where tf_keras' fit starts (it asks `model._training_state` after on_train_begin), on
-    every strategy."""
+    every strategy: `epoch` and the steps of it already trained (`step`)."""
 
     def __init__(self, epoch: int, step: int):
         self.epoch, self.step = epoch, step
@@ -73,7 +73,8 @@ def _task(strategy) -> str:
     return f"{task_type}:{getattr(resolver, 'task_id', 0) or 0}"
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
+    """Writes one line to stderr at once (the messages of a stop, before the process exits)."""
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
 
@@ -207,10 +208,10 @@ class ParameterServerBackup:
         self._store.restore(self._checkpoint, state)
         epoch, step = int(state["epoch"]), int(state["step"])
         self._initial_step = step
-        start = _Resume(epoch, step) if self._legacy else epoch
+        start = Resume(epoch, step) if self._legacy else epoch
         setattr(self.model, self._start_attribute, start)
         where = f"epoch {epoch + 1}" + (f", step {step + 1}" if step else "")
-        _say(
+        say(
             f"tfdist: restored the backup in {self.backup_dir} (optimizer step "
             f"{state.get('iterations')}); training resumes at {where}. On parameter_server "
             "each worker's input starts afresh (no input position is restored)."
@@ -219,7 +220,7 @@ class ParameterServerBackup:
     def _preempted(self, epoch: int, step: int) -> None:
         self._agreement.reached()  # the scheduled groups have run: the save may take its time
         self._save("preemption", epoch, step)
-        _say(
+        say(
             f"tfdist: SIGTERM to the coordinator ({self._task}): no group of steps was "
             f"scheduled after it, and training stopped once the scheduled ones had run, after "
             f"epoch {epoch + 1}, step {step} (optimizer step {self._iterations()}); the backup "
