@@ -339,6 +339,16 @@ VERBOSE = Setting(
     "`tfdist launch`, `tfdist.launch`",
     "`0`",
 )
+PRELOAD = Setting(
+    "TFDIST_PRELOAD",
+    _not_zero,
+    True,
+    "`0` starts every task of `tfdist.testing.run_cluster` and of the strategy pools as a fresh "
+    "process; by default they are forked from a process that imported TensorFlow once "
+    "(`tfdist.launcher.preload`), which saves seconds of CPU per task",
+    "`tfdist.testing`",
+    "`1`",
+)
 HOROVOD_SHIM = Setting(
     "TFDIST_HOROVOD_SHIM",
     _flag,
@@ -367,6 +377,7 @@ SETTINGS = (
     NETWORK_NAMESPACE,
     VERBOSE,
     HOROVOD_SHIM,
+    PRELOAD,
 )
 
 

@@ -43,6 +43,7 @@ from typing import Callable, List, Mapping, Optional, Sequence, TextIO
 from tfdist import netns, settings
 from tfdist import training_report as _report
 from tfdist.cluster import ClusterSpec
+from tfdist.launcher import preload as preloading
 from tfdist.launcher import startup
 from tfdist.launcher.noise import NoiseFilter
 from tfdist.launcher.outcome import GRACE_SECONDS, JobResult, TaskResult, classify
@@ -140,6 +141,7 @@ class _Task:
         report_dir: str,
         verbose: bool = False,
         namespace: Optional[netns.Namespace] = None,
+        preload: bool = False,
     ):
         self.plan = plan
         self.output: List[str] = []
@@ -158,7 +160,7 @@ class _Task:
             if log_dir
             else None
         )
-        argv = list(plan.argv)
+        argv = preloading.task_argv(plan.argv, env) if preload else list(plan.argv)
         self.proc = subprocess.Popen(
             namespace.wrap(argv) if namespace else argv,
             pass_fds=namespace.fds if namespace else (),
@@ -308,6 +310,7 @@ def run_job(
     quiet: bool = False,
     verbose: Optional[bool] = None,
     stop_when: Optional[Callable[[], Optional[str]]] = None,
+    preload: bool = False,
 ) -> JobResult:
     """Runs the planned tasks until every script task has exited, or one fails.
 
@@ -325,6 +328,8 @@ def run_job(
         verbose: bool. Forward TensorFlow's start-up noise too. Defaults to TFDIST_VERBOSE.
         stop_when: callable. Asked about every 50 ms while the tasks run; when it returns a
             reason (a str), every task is stopped as above and the job ends with that reason.
+        preload: bool. Fork the Python tasks from a process that has imported TensorFlow
+            (`tfdist.launcher.preload`) instead of starting each afresh. Defaults to False.
 
     Returns:
         JobResult. Raises nothing for failed tasks: see `launch`.
@@ -347,7 +352,9 @@ def run_job(
     previous = watch.catch_signals()
     try:
         for plan in plans:
-            tasks.append(_Task(plan, out, lock, log_dir, quiet, report_dir, verbose, namespace))
+            tasks.append(
+                _Task(plan, out, lock, log_dir, quiet, report_dir, verbose, namespace, preload)
+            )
         reason = watch.wait(tasks)
         _stop(tasks, grace)
     finally:

@@ -14,6 +14,7 @@ import sys
 import tempfile
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
+from tfdist import settings
 from tfdist.launcher.job import plan_job, run_job
 from tfdist.launcher.outcome import JobResult
 
@@ -113,7 +114,9 @@ def run_cluster(
             module=True,
             extra_env=extra,
         )
-        result = run_job(plans, timeout=timeout, quiet=True, grace=3.0)
+        result = run_job(
+            plans, timeout=timeout, quiet=True, grace=3.0, preload=settings.PRELOAD.get()
+        )
         runs = {name: _task_run(name, r, tmp) for name, r in result.tasks.items()}
     if check and not result.ok:
         raise ClusterRunError(_report(fn, result, runs, timeout))

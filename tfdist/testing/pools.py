@@ -167,6 +167,7 @@ class StrategyPool:
                 out=self._lines,
                 grace=3.0,
                 stop_when=lambda: "closed" if self._closing else None,
+                preload=settings.PRELOAD.get(),
             )
 
         threading.Thread(target=accept, daemon=True, name="tfdist-pool-accept").start()
