@@ -341,9 +341,10 @@ VERBOSE = Setting(
 )
 PRELOAD = Setting(
     "TFDIST_PRELOAD",
-    _not_zero,
+    _flag,
     True,
-    "`0` starts every task of `tfdist.testing.run_cluster` and of the strategy pools as a fresh "
+    "`0` (or `false`, `no`, `off`) starts every task of `tfdist.testing.run_cluster` and of the "
+    "strategy pools as a fresh "
     "process; by default they are forked from a process that imported TensorFlow once "
     "(`tfdist.launcher.preload`), which saves seconds of CPU per task",
     "`tfdist.testing`",

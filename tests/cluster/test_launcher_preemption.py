@@ -18,7 +18,7 @@ import pytest
 
 from tfdist.launcher import JobFailed, launch, plan_job, run_job
 from tfdist.launcher import restarts as restarts_module
-from tfdist.launcher.outcome import _failure_message, exit_code
+from tfdist.launcher.outcome import exit_code, failure_message
 from tfdist.testing import is_running
 
 from helpers.launcher import _script
@@ -179,7 +179,7 @@ time.sleep(60)  # never reaches the agreed step by itself
         assert (tmp_path / "saved-1-0").exists()
     else:
         assert result.reason == "failed" and late.returncode == -signal.SIGTERM
-        assert _failure_message(result, None, grace=1.0).startswith(
+        assert failure_message(result, None, grace=1.0).startswith(
             "Task worker:0 was still running 1 s after task worker:1 exited with code 143 "
             "first (preempted), and did not save when it was stopped: it was killed by signal 15."
         )

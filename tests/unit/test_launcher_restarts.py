@@ -14,9 +14,9 @@ from tfdist.launcher.job import check_grace
 from tfdist.launcher.outcome import (
     JobResult,
     TaskResult,
-    _failure_message,
     classify,
     exit_code,
+    failure_message,
     summary,
 )
 from tfdist.launcher.restarts import _Slots, check_workers, launch
@@ -107,7 +107,7 @@ def test_the_message_after_the_launchers_own_signal_says_whether_the_tasks_saved
         _task("worker:1", 143, stopped=True),
         launcher_signal=signal.SIGTERM,
     )
-    assert _failure_message(saved, None) == (
+    assert failure_message(saved, None) == (
         "The job was interrupted (SIGTERM to the launcher); every task saved and exited with "
         "code 143 (preempted): run the same command again to resume from the backup."
     )
@@ -117,12 +117,12 @@ def test_the_message_after_the_launchers_own_signal_says_whether_the_tasks_saved
         _task("worker:1", -9, stopped=True),
         launcher_signal=signal.SIGINT,
     )
-    assert _failure_message(unsaved, None) == (
+    assert failure_message(unsaved, None) == (
         "The job was interrupted (SIGINT to the launcher); every task was stopped, and not "
         "every task saved: worker:1 was killed by signal 9."
     )
     nothing = _result("interrupted", launcher_signal=signal.SIGTERM)
-    assert _failure_message(nothing, None).endswith("before any task started.")
+    assert failure_message(nothing, None).endswith("before any task started.")
     assert exit_code(nothing) == 128 + signal.SIGTERM
 
 
@@ -133,7 +133,7 @@ def test_the_messages_name_the_task_preempted_first_and_one_that_did_not_follow(
         _task("worker:1", 143, seconds=1.0),
         _task("worker:2", 143, seconds=0.5, stopped=True),
     )
-    assert _failure_message(preempted, None) == (
+    assert failure_message(preempted, None) == (
         "The job was preempted (task worker:1 exited with code 143 first)."
     )
     late = _result(
@@ -141,7 +141,7 @@ def test_the_messages_name_the_task_preempted_first_and_one_that_did_not_follow(
         _task("worker:0", -15, seconds=12.0, stopped=True),
         _task("worker:1", 143, seconds=1.0),
     )
-    assert _failure_message(late, None, grace=10) == (
+    assert failure_message(late, None, grace=10) == (
         "Task worker:0 was still running 10 s after task worker:1 exited with code 143 first "
         "(preempted), and did not save when it was stopped: it was killed by signal 15. Its "
         "last lines:\nworker:0 said goodbye"
@@ -152,7 +152,7 @@ def test_the_messages_name_the_task_preempted_first_and_one_that_did_not_follow(
         _task("worker:1", 1, seconds=1.5),
         _task("worker:2", -15, seconds=1.6, stopped=True),
     )
-    assert _failure_message(failed, None).startswith(
+    assert failure_message(failed, None).startswith(
         "Task worker:1 exited with code 1; the other tasks were stopped."
     )
 

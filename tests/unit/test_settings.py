@@ -87,6 +87,7 @@ CASES = {
         [("1", True), (" TRUE ", True), ("on", True), ("0", False), ("off", False), ("", False)],
         ["2", "verbose"],
     ),
+    settings.PRELOAD: ([("1", True), ("on", True), ("0", False), ("off", False)], ["fork"]),
     settings.HOROVOD_SHIM: ([("1", True), ("yes", True), ("0", False), ("", False)], ["horovod"]),
 }
 

@@ -1,6 +1,6 @@
 """Fixes of Keras 3 callbacks under multi_worker_mirrored: checkpoints written once, by the chief.
 
-Nothing here imports TensorFlow or Keras at import time. May import: tfdist.fixes.record.
+Nothing here imports TensorFlow or Keras at import time.
 """
 
 import os

@@ -18,7 +18,7 @@ The casts (shared with the mirrored strategy's wrapper, `tfdist.strategy.compres
 - "fp16" divides by the number of replicas before the cast and multiplies after it: the sum on
   the wire is then the mean, never larger than the largest value (float16 ends at 65504).
 
-Nothing here imports TensorFlow at import time. May import: tfdist.fixes.record.
+Nothing here imports TensorFlow at import time.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Fixes of Keras 3's data adapters for the datasets tf.distribute makes.
 
-Nothing here imports TensorFlow or Keras at import time. May import: tfdist.fixes.record.
+Nothing here imports TensorFlow or Keras at import time.
 """
 
 from tfdist.fixes.record import Fix, Target

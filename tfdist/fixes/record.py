@@ -10,7 +10,7 @@ fix with one warning, it never raises into `make_strategy`.
 An `Internal` is the same idea for an internal tfdist only reads (a TensorFlow protobuf module,
 a Keras helper): one path per release family, the first that resolves is used.
 
-Nothing here imports TensorFlow or Keras at import time. May import: tfdist.releases.
+Nothing here imports TensorFlow or Keras at import time.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """TensorFlow internals: those tfdist reads (at the path each release keeps them), and fixes.
 
-Nothing here imports TensorFlow at import time. May import: tfdist.fixes.record.
+Nothing here imports TensorFlow at import time.
 """
 
 from tfdist.fixes.record import Fix, Internal, Target

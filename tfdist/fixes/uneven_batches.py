@@ -8,7 +8,7 @@ the examples instead, and reads the step's logged loss and metrics over all repl
 mirrored only: between processes (multi_worker_mirrored) the two extra all-reduces a step cost
 more than they are worth on CPUs, and an uneven batch there weighs as in Keras.
 
-Nothing here imports TensorFlow or Keras at import time. May import: tfdist.fixes.record.
+Nothing here imports TensorFlow or Keras at import time.
 """
 
 import threading

@@ -3,7 +3,7 @@
 `run_job` (`tfdist.launcher.job`) returns a `JobResult` that holds a `TaskResult` per task.
 `classify` tells how a job went from its script tasks' exit codes (0: done;
 `PREEMPTED_EXIT_CODE`, 143: saved after a SIGTERM; anything else: failed). `summary` gives a
-line per task, `exit_code` the exit code of `tfdist launch`, and `_failure_message` why a job
+line per task, `exit_code` the exit code of `tfdist launch`, and `failure_message` why a job
 did not end done: the task that failed first and its last lines, the task preempted first,
 a hint when a task needed the network that its private namespace lacks. `JobFailed` carries a
 `JobResult` out of `launch(check=True)`.
@@ -11,9 +11,7 @@ a hint when a task needed the network that its private namespace lacks. `JobFail
 `GRACE_SECONDS` is here, the lowest module that quotes it: the default of `run_job` and
 `launch`, and of the messages that name the grace a preempted job's tasks had.
 
-A leaf of the package: may import tfdist.settings and tfdist.preemption (its `__init__`: the
-exit code); never `job` or `restarts`. Holds no state and spawns nothing. Nothing here imports
-TensorFlow.
+Holds no state and spawns nothing. Nothing here imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -26,7 +24,14 @@ from typing import Dict, Iterable, List, Optional
 from tfdist import settings
 from tfdist.preemption import PREEMPTED_EXIT_CODE
 
-__all__ = ["JobFailed", "JobResult", "TaskResult"]
+__all__ = [
+    "JobFailed",
+    "JobResult",
+    "TaskResult",
+    "failure_message",
+    "first_failure",
+    "preempted_by",
+]
 
 GRACE_SECONDS = 30.0  # after a SIGTERM (or a peer's preemption), before SIGKILL
 _TAIL_LINES = 20
@@ -160,7 +165,7 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def _first_failure(result: JobResult) -> Optional[TaskResult]:
+def first_failure(result: JobResult) -> Optional[TaskResult]:
     """The task whose failure ended the job: the first to exit by itself with a code other than
     0 and 143; else the first script task the launcher stopped that did not save (one still
     running `grace` seconds after a peer was preempted)."""
@@ -176,14 +181,14 @@ def _first_preempted(result: JobResult) -> Optional[TaskResult]:
     return min(pool, key=lambda r: r.seconds, default=None)
 
 
-def _preempted_by(result: JobResult) -> str:
+def preempted_by(result: JobResult) -> str:
     first = _first_preempted(result)
     if first is None:
         return f"a task exited with code {PREEMPTED_EXIT_CODE}"
     return f"task {first.task} exited with code {PREEMPTED_EXIT_CODE} first"
 
 
-def _failure_message(result: JobResult, timeout, grace: float = GRACE_SECONDS) -> str:
+def failure_message(result: JobResult, timeout, grace: float = GRACE_SECONDS) -> str:
     reason, results = result.reason, result.tasks
     if result.launcher_signal:
         how = f"The job was interrupted ({_signal_name(result.launcher_signal)} to the launcher)"
@@ -205,13 +210,13 @@ def _failure_message(result: JobResult, timeout, grace: float = GRACE_SECONDS) -
     if reason == "interrupted":
         return "The job was interrupted; every task was stopped."
     if reason == "preempted":
-        return f"The job was preempted ({_preempted_by(result)})."
-    first = _first_failure(result)
+        return f"The job was preempted ({preempted_by(result)})."
+    first = first_failure(result)
     if first is None:
         return "The job failed."
     if first.stopped:
         message = (
-            f"Task {first.task} was still running {grace:g} s after {_preempted_by(result)} "
+            f"Task {first.task} was still running {grace:g} s after {preempted_by(result)} "
             f"(preempted), and did not save when it was stopped: it {_how(first.returncode)}. "
             f"Its last lines:\n{first.tail}"
         )

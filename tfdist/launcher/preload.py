@@ -80,9 +80,7 @@ def key(env) -> tuple:
     """What a task's environment must share with its preloader: the variables read at import."""
     return tuple(
         sorted(
-            (k, v)
-            for k, v in env.items()
-            if k.startswith(_IMPORT_PREFIXES) and k not in _PER_TASK
+            (k, v) for k, v in env.items() if k.startswith(_IMPORT_PREFIXES) and k not in _PER_TASK
         )
     )
 
@@ -144,9 +142,8 @@ class Preloader:
 
     def wrap(self, argv) -> list:
         """The command line of a client that runs `argv` forked from this preloader."""
-        return [sys.executable, "-I", "-S", os.path.abspath(__file__), "run", self.address, "--"] + [
-            *argv
-        ]
+        client = [sys.executable, "-I", "-S", os.path.abspath(__file__), "run", self.address]
+        return [*client, "--", *argv]
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -30,9 +30,9 @@ from tfdist.launcher.outcome import (
     GRACE_SECONDS,
     JobFailed,
     JobResult,
-    _failure_message,
-    _first_failure,
-    _preempted_by,
+    failure_message,
+    first_failure,
+    preempted_by,
     summary,
 )
 from tfdist.preemption import PREEMPTED_EXIT_CODE
@@ -382,7 +382,7 @@ class _Attempts:
         """`result` when the job ended done; else says why (or raises JobFailed, `check`)."""
         if result.ok:
             return result
-        message = _failure_message(result, self.timeout, self.grace)
+        message = failure_message(result, self.timeout, self.grace)
         if check:
             raise JobFailed(f"{message}\n{self.note}" if self.note else message, result)
         self.say(message)
@@ -450,7 +450,7 @@ class _Attempts:
             return True
         if result.reason != "failed":
             return False
-        message = _failure_message(result, self.timeout, self.grace)
+        message = failure_message(result, self.timeout, self.grace)
         if self.slots:
             return self._after_slot_failure(result, message)
         if self.restarts < self.max_restarts:
@@ -466,7 +466,7 @@ class _Attempts:
         if self.preemptions < MAX_PREEMPTION_RESTARTS:
             self.preemptions += 1
             self.say(
-                f"The job was preempted ({_preempted_by(result)}); restarting it on "
+                f"The job was preempted ({preempted_by(result)}); restarting it on "
                 "fresh ports (not counted against --max-restarts; preemption restart "
                 f"{self.preemptions} of at most {MAX_PREEMPTION_RESTARTS})."
             )
@@ -482,7 +482,7 @@ class _Attempts:
     def _after_slot_failure(self, result: JobResult, message: str) -> bool:
         """An elastic job failed: restart it, without the slot that failed too often, or stop."""
         slots, max_restarts = self.slots, self.max_restarts
-        first = _first_failure(result)
+        first = first_failure(result)
         verdict, slot, count = slots.failed(first.task if first else None)
         failures = f"{_plural(count, 'failure')} of {slots.name(slot)}"
         if verdict == "restart":

@@ -40,6 +40,3 @@ def check_dataset_fn(name: str, dataset_fn) -> None:
             f"tf.data.Dataset of batches. Received: {name}={dataset_fn!r} (of type "
             f"{type(dataset_fn).__name__})."
         )
-
-
-_check_strategy = check_strategy  # the former name, which runner.py imports

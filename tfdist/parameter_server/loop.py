@@ -42,7 +42,7 @@ from tfdist import flavour
 from tfdist.parameter_server.checks import check_count, check_dataset_fn, check_strategy
 from tfdist.parameter_server.datasets import per_worker_dataset
 from tfdist.parameter_server.model import build_keras3
-from tfdist.parameter_server.runner import _runner_for, coordinator_for
+from tfdist.parameter_server.runner import coordinator_for, runner_for
 from tfdist.parameter_server.tf_keras import evaluate_tf_keras, fit_tf_keras
 from tfdist.parameter_server.watchdog import naming_lost_tasks
 
@@ -300,7 +300,7 @@ def _fit_keras3(
     k = _steps_per_execution(model, steps_per_execution)
     coordinator = coordinator_for(strategy)
     build_keras3(model, strategy, dataset_fn, sample_batch, "fit_parameter_server")
-    runner = _runner_for(model, strategy, coordinator)
+    runner = runner_for(model, strategy, coordinator)
     train_iterator = iter(per_worker_dataset(coordinator, strategy, "dataset_fn", dataset_fn))
     validation = None
     if validation_dataset_fn is not None:
@@ -424,7 +424,7 @@ def _evaluate_keras3(
     k = _steps_per_execution(model, steps_per_execution)
     coordinator = coordinator_for(strategy)
     build_keras3(model, strategy, dataset_fn, sample_batch, "evaluate_parameter_server")
-    runner = _runner_for(model, strategy, coordinator)
+    runner = runner_for(model, strategy, coordinator)
     iterator = iter(per_worker_dataset(coordinator, strategy, "dataset_fn", dataset_fn))
     if not isinstance(callbacks, keras.callbacks.CallbackList):
         callbacks = keras.callbacks.CallbackList(

@@ -25,10 +25,10 @@ from typing import Callable, Dict, Optional
 
 from tfdist import settings
 from tfdist.errors import TaskUnavailableError
-from tfdist.parameter_server.checks import _check_strategy
-from tfdist.parameter_server.watchdog import WATCHDOG_SECONDS, _lost_ps_error, _unreachable
+from tfdist.parameter_server.checks import check_strategy
+from tfdist.parameter_server.watchdog import WATCHDOG_SECONDS, lost_ps_error, unreachable
 
-__all__ = ["coordinator_for", "plan_groups"]
+__all__ = ["coordinator_for", "plan_groups", "runner_for"]
 
 log = logging.getLogger("tfdist")
 
@@ -58,7 +58,7 @@ def coordinator_for(strategy):
     """The one `ClusterCoordinator` of `strategy` (TensorFlow allows only one per strategy)."""
     import tensorflow as tf
 
-    _check_strategy(strategy)
+    check_strategy(strategy)
     with _LOCK:
         return tf.distribute.coordinator.ClusterCoordinator(strategy)  # cached by TensorFlow
 
@@ -276,10 +276,10 @@ class _Runner:
 
     def _watch(self) -> None:
         """Raises TaskUnavailableError when a ps task is unreachable; warns of lost workers."""
-        lost = _unreachable(self.strategy)
+        lost = unreachable(self.strategy)
         if lost:
-            raise _lost_ps_error(lost)
-        workers = {task for task, _ in _unreachable(self.strategy, ("worker",))}
+            raise lost_ps_error(lost)
+        workers = {task for task, _ in unreachable(self.strategy, ("worker",))}
         if workers - self._lost_workers:
             log.warning(
                 "tfdist: %s unreachable; their groups run again on the other workers (each "
@@ -511,7 +511,7 @@ class _GroupSteps:
         return group
 
 
-def _runner_for(model, strategy, coordinator) -> _Runner:
+def runner_for(model, strategy, coordinator) -> _Runner:
     """The model's runner (its traced step functions), made again when it is recompiled."""
     key = (
         id(strategy),

@@ -115,5 +115,3 @@ def naming_lost_tasks(strategy):
 
 
 # the former names, which runner.py imports
-_unreachable = unreachable
-_lost_ps_error = lost_ps_error
