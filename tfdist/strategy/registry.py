@@ -38,6 +38,8 @@ __all__ = [
     "canonical_name",
     "known_name",
     "markdown_auto",
+    "markdown_nav",
+    "markdown_options",
     "markdown_table",
     "quoted",
 ]
@@ -57,6 +59,8 @@ class Strategy:
         page: its page, under docs/ (several strategies may share one).
         communications: the `communication=` values it accepts; "auto" first.
         options: TensorFlow's own keyword options (and tfdist's extras) it accepts.
+        options_doc: what `options` take, one line (the options table of
+            docs/concepts/strategies.md); "" when it takes none.
         aliases: other names for it.
         multi_process: its replicas may be the tasks of a multi-process cluster; False: it
             trains in one process, and is refused where the cluster has several workers.
@@ -80,6 +84,7 @@ class Strategy:
     page: str
     communications: Tuple[str, ...] = communication.NONE
     options: Tuple[str, ...] = ()
+    options_doc: str = ""
     aliases: Tuple[str, ...] = ()
     multi_process: bool = False
     uses_ps: bool = False
@@ -125,6 +130,8 @@ STRATEGIES: Mapping[str, Strategy] = {
             "strategies/mirrored.md",
             communications=communication.MIRRORED,
             options=("cross_device_ops",),
+            options_doc="`cross_device_ops` (a `tf.distribute.CrossDeviceOps`; or use "
+            "`communication=`)",
             all_reduce=True,
             auto="devices",
             pool="local",
@@ -142,6 +149,9 @@ STRATEGIES: Mapping[str, Strategy] = {
                 "timeout_seconds",
                 "startup_timeout",
             ),
+            options_doc="`communication_options` (a "
+            "`tf.distribute.experimental.CommunicationOptions`), or `bytes_per_pack` and "
+            "`timeout_seconds`; `startup_timeout`",
             multi_process=True,
             all_reduce=True,
             auto="workers",
@@ -160,6 +170,10 @@ STRATEGIES: Mapping[str, Strategy] = {
                 "max_shards",
                 "startup_timeout",
             ),
+            options_doc='`variable_partitioner` (a partitioner, or `"min_size"`, '
+            '`"max_size"`, `"fixed"`), with `min_shard_bytes` (min_size), `max_shard_bytes` '
+            "(max_size) and `max_shards` for the strings; `startup_timeout` (seconds the chief "
+            "waits for every worker and ps)",
             multi_process=True,
             uses_ps=True,
             auto="ps_job",
@@ -263,6 +277,27 @@ def markdown_table() -> str:
         name = f"[`{record.name}`](../{record.page})" + (f" (alias {aliases})" if aliases else "")
         lines.append(f"| {name} | `{record.tensorflow}` | {record.summary} |")
     return "\n".join(lines) + "\n"
+
+
+def markdown_options() -> str:
+    """The table of docs/concepts/strategies.md: the options each strategy takes."""
+    lines = ["| strategy | options |", "| --- | --- |"]
+    without = [f"`{r.name}`" for r in STRATEGIES.values() if not r.options]
+    for record in STRATEGIES.values():
+        if record.options:
+            lines.append(f"| `{record.name}` | {record.options_doc} |")
+    if without:
+        lines.append(f"| {', '.join(without)} | none |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_nav() -> list:
+    """The "Strategies" section of the docs' navigation: one entry per page, titled by the
+    strategies it documents ("one_device and default"), in the order of `STRATEGIES`."""
+    pages: Dict[str, list] = {}
+    for record in STRATEGIES.values():
+        pages.setdefault(record.page, []).append(record.name)
+    return [{" and ".join(names): page} for page, names in pages.items()]
 
 
 def markdown_auto() -> str:
