@@ -67,6 +67,17 @@ def _run(preloader, argv, env, cwd, timeout=60):
     )
 
 
+def _start(preloader, folder, env, mode, pid_file, **popen):
+    """A task in `mode` ("term" or "hang") that writes its pid to `pid_file`: (client, pid)."""
+    proc = subprocess.Popen(
+        preloader.wrap([sys.executable, str(folder / "task.py"), mode, str(pid_file)]),
+        env=env,
+        cwd=folder,
+        **popen,
+    )
+    return proc, _wait_for_file(pid_file)
+
+
 def _wait_for_file(path, limit=60.0):
     end = time.monotonic() + limit
     while not (path.exists() and path.read_text()):
@@ -117,68 +128,42 @@ def test_an_exception_is_exit_code_one_with_its_traceback(preloader, task):
 
 def test_the_client_passes_signals_on(preloader, task):
     folder, env = task
-    pid_file = folder / "term.pid"
-    proc = subprocess.Popen(
-        preloader.wrap([sys.executable, str(folder / "task.py"), "term", str(pid_file)]),
-        env=env,
-        cwd=folder,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    _wait_for_file(pid_file)
+    proc, _ = _start(preloader, folder, env, "term", folder / "term.pid", stdout=subprocess.PIPE)
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=30)
+    out = proc.communicate(timeout=30)[0].decode()
     assert proc.returncode == 143 and "got SIGTERM" in out
 
 
 def test_a_task_killed_by_a_signal_is_reported_so(preloader, task):
     folder, env = task
-    pid_file = folder / "hang.pid"
-    proc = subprocess.Popen(
-        preloader.wrap([sys.executable, str(folder / "task.py"), "hang", str(pid_file)]),
-        env=env,
-        cwd=folder,
-    )
-    os.kill(_wait_for_file(pid_file), signal.SIGKILL)
+    proc, pid = _start(preloader, folder, env, "hang", folder / "hang.pid")
+    os.kill(pid, signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL
 
 
 def test_no_task_outlives_its_client_killed_by_sigkill(preloader, task):
     folder, env = task
-    pid_file = folder / "orphan.pid"
-    proc = subprocess.Popen(
-        preloader.wrap([sys.executable, str(folder / "task.py"), "hang", str(pid_file)]),
-        env=env,
-        cwd=folder,
-    )
-    pid = _wait_for_file(pid_file)
+    proc, pid = _start(preloader, folder, env, "hang", folder / "orphan.pid")
     proc.kill()
     proc.wait()
-    end = time.monotonic() + 10
-    while is_running(pid):
-        assert time.monotonic() < end, "the task outlived its client by 10 s"
-        time.sleep(0.05)
+    _assert_ends(pid, "its client")
 
 
 def test_no_task_outlives_its_preloader(task):
     folder, env = task
     own = preload.Preloader(os.environ)
-    pid_file = folder / "left.pid"
-    proc = subprocess.Popen(
-        own.wrap([sys.executable, str(folder / "task.py"), "hang", str(pid_file)]),
-        env=env,
-        cwd=folder,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    pid = _wait_for_file(pid_file)
+    proc, pid = _start(own, folder, env, "hang", folder / "left.pid", stderr=subprocess.PIPE)
     os.killpg(own.proc.pid, signal.SIGKILL)  # the preloader dies, not gracefully
     own.close()
-    end = time.monotonic() + 10
-    while is_running(pid):
-        assert time.monotonic() < end, "the task outlived its preloader by 10 s"
-        time.sleep(0.05)
+    _assert_ends(pid, "its preloader")
     assert proc.wait(timeout=10) != 0
+
+
+def _assert_ends(pid, what, limit=10.0):
+    end = time.monotonic() + limit
+    while is_running(pid):
+        assert time.monotonic() < end, f"the task outlived {what} by {limit:g} s"
+        time.sleep(0.05)
 
 
 def report_task():

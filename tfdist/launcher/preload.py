@@ -118,9 +118,10 @@ class Preloader:
             errors="replace",
         )
         self._ready = threading.Event()
+        self._started = False
         self.output = []
         threading.Thread(target=self._read, daemon=True).start()
-        if not self._ready.wait(timeout) or self.proc.poll() is not None:
+        if not (self._ready.wait(timeout) and self._started):
             self.close()
             raise RuntimeError(
                 "tfdist's preloader did not start (it imports TensorFlow once for every task):\n"
@@ -132,6 +133,7 @@ class Preloader:
         for line in self.proc.stdout:
             line = line.rstrip("\n")
             if line == "tfdist-preload ready":
+                self._started = True
                 self._ready.set()
             else:
                 self.output.append(line)  # TensorFlow's import noise, kept for errors
@@ -466,8 +468,9 @@ def _client(address: str, argv) -> int:
             status = message["status"]
             if os.WIFSIGNALED(status):
                 sig = os.WTERMSIG(status)
-                signal.signal(sig, signal.SIG_DFL)
-                os.kill(os.getpid(), sig)
+                if sig not in (signal.SIGKILL, signal.SIGSTOP):
+                    signal.signal(sig, signal.SIG_DFL)
+                os.kill(os.getpid(), sig)  # end as the task did
             return os.WEXITSTATUS(status)
     sys.stderr.write("tfdist: the preloader ended before the task did.\n")
     return 1
