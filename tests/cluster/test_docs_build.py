@@ -1,7 +1,7 @@
 """The documentation builds without warnings, and its Python examples run.
 
 Every ```python block of docs/**/*.md is executed. The blocks of one page run in order in one
-fresh process (like cells of a notebook: later blocks use what earlier ones defined), on CPUs,
+process of its own (like cells of a notebook: later blocks use what earlier ones defined), on CPUs,
 in an empty working directory, with no TF_CONFIG or TFDIST_* variable set. A block that cannot
 run there (it needs a cluster or a GPU) carries a title containing "not run":
 
@@ -20,6 +20,9 @@ import tempfile
 import time
 
 import pytest
+
+from tfdist import settings
+from tfdist.launcher import preload
 
 from helpers.docs import PAGES, ROOT
 
@@ -62,12 +65,19 @@ def run_page(page: str) -> dict:
         blocks_file = os.path.join(cwd, "blocks.json")
         with open(blocks_file, "w") as f:
             json.dump(PAGES[page], f)
+        runner = os.path.join(cwd, "run_blocks.py")
+        with open(runner, "w") as f:
+            f.write(RUNNER)
+        env = clean_env()
+        argv = [sys.executable, runner, blocks_file]
+        if settings.PRELOAD.get():  # forked from a process that imported TensorFlow once
+            argv = preload.task_argv(argv, env)
         started = time.monotonic()
         try:
             proc = subprocess.run(
-                [sys.executable, "-c", RUNNER, blocks_file],
+                argv,
                 cwd=cwd,
-                env=clean_env(),
+                env=env,
                 capture_output=True,
                 text=True,
                 timeout=PAGE_TIMEOUT,
@@ -82,7 +92,7 @@ def run_page(page: str) -> dict:
 
 @pytest.fixture(scope="module")
 def page_runs():
-    """Every page's blocks, pages in parallel (one per core), each in a fresh process."""
+    """Every page's blocks, pages in parallel (one per core), each in a process of its own."""
     workers = max(1, min(len(PAGES), os.cpu_count() or 1))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         return dict(zip(PAGES, pool.map(run_page, PAGES)))

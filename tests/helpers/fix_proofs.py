@@ -434,6 +434,30 @@ def _one_atomic_op(result) -> Optional[str]:
     )
 
 
+def ps_metric_totals(strategy):
+    """The ops of a Sum and a Mean metric's update_state when their totals live on a ps."""
+    ps = _ps_helpers()
+    keras, tf = _keras(), _tf()
+    with strategy.scope():
+        total, mean = keras.metrics.Sum(), keras.metrics.Mean()
+    values = tf.constant([1.0, 2.0, 3.0])
+    return {
+        "sum": ps._op_types(tf.function(lambda: total.update_state(values))),
+        "mean": ps._op_types(tf.function(lambda: mean.update_state(values))),
+    }
+
+
+def _metric_totals_added_atomically(result) -> Optional[str]:
+    for metric in ("sum", "mean"):
+        ops = set(result[metric])
+        if "AssignAddVariableOp" not in ops or {"ReadVariableOp", "AssignVariableOp"} & ops:
+            return (
+                f"{metric}.update_state reads its total on the worker and assigns it back "
+                f"(concurrent workers lose updates): {sorted(ops)}"
+            )
+    return None
+
+
 PS_EXAMPLES, PS_BATCH, PS_EPOCHS = 256, 16, 2
 
 
@@ -677,6 +701,14 @@ _PROOFS = [
         "back, which loses concurrent updates)",
         ps_assign_add,
         _one(_one_atomic_op),
+    ),
+    Proof(
+        "parameter_server_atomic_metric_totals",
+        PARAMETER_SERVER,
+        "a Sum and a Mean metric on the ps add to their totals with one AssignAddVariableOp "
+        "each (Keras 3.3: read, add, assign back, which loses concurrent updates)",
+        ps_metric_totals,
+        _one(_metric_totals_added_atomically),
     ),
     Proof(
         "parameter_server_fit_evaluate_predict",

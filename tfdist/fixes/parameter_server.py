@@ -1,7 +1,8 @@
 """Fixes for parameter_server under Keras 3, which has no parameter-server support of its own.
 
-Atomic assign_add on the ps, model.fit / evaluate / predict through tfdist's coordinator loop,
-sharded variables trained shard by shard and checkpointed whole (keras-team/keras#18624).
+Atomic assign_add on the ps (and, on Keras 3.3, metric totals that use it), model.fit /
+evaluate / predict through tfdist's coordinator loop, sharded variables trained shard by shard
+and checkpointed whole (keras-team/keras#18624).
 
 Nothing here imports TensorFlow or Keras at import time; tfdist.parameter_server is imported
 when fit is called.
@@ -23,6 +24,18 @@ def _ps_value_types() -> tuple:
         ps_values.AggregatingVariable,
         tf.__internal__.distribute.ShardedVariable,
     )
+
+
+def _on_ps():
+    """A predicate: the Keras variable lives on a ps (and is not read in a stateless scope)."""
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+
+    ps_types = _ps_value_types()
+
+    def on_ps(variable) -> bool:
+        return isinstance(variable._value, ps_types) and not in_stateless_scope()
+
+    return on_ps
 
 
 PS_ATOMIC_ASSIGN_ADD = Fix(
@@ -58,14 +71,10 @@ def _fix_ps_assign_add():
     # counts, learning-rate schedules and the global metrics all come out short. The fix sends
     # the update to the wrapped tf.Variable's assign_add (one AssignAddVariableOp on the ps,
     # atomic under the variable's lock). Only for variables that live on a ps.
-    from keras.src.backend.common.stateless_scope import in_stateless_scope
     from keras.src.backend.tensorflow.core import Variable
 
-    ps_types = _ps_value_types()
+    on_ps = _on_ps()
     original_add, original_sub = Variable.assign_add, Variable.assign_sub
-
-    def on_ps(variable) -> bool:
-        return isinstance(variable._value, ps_types) and not in_stateless_scope()
 
     def _cast(variable, value):
         import tensorflow as tf
@@ -85,6 +94,65 @@ def _fix_ps_assign_add():
         return self._value.assign_sub(_cast(self, value))
 
     Variable.assign_add, Variable.assign_sub = assign_add, assign_sub
+
+
+PS_ATOMIC_METRIC_TOTALS = Fix(
+    name="parameter_server_atomic_metric_totals",
+    summary=(
+        "Keras 3.3's Sum and Mean metrics (the loss tracker and every mean metric among them) "
+        "add to their totals with assign(total + value), not assign_add, so concurrent workers "
+        "lose updates even with atomic assign_add."
+    ),
+    upstream="keras-team/keras#18624",
+    strategies=("parameter_server",),
+    consequence=(
+        "the loss and the mean metrics of a parameter-server fit or evaluate with several "
+        "workers are wrong (an accuracy above 1 is possible)."
+    ),
+    fixed_in="3.4",  # Keras 3.4's metrics use assign_add, which the fix above makes atomic
+)
+
+
+@PS_ATOMIC_METRIC_TOTALS.variant(
+    "3.3",
+    targets=[
+        Target("keras.src.metrics.reduction_metrics:Sum.update_state", ("self", "values")),
+        Target("keras.src.metrics.reduction_metrics:Mean.update_state", ("self", "values")),
+        "keras.src.metrics.reduction_metrics:reduce_to_samplewise_values",
+    ],
+)
+def _fix_ps_metric_totals():
+    # Keras 3.3's reduction_metrics.Sum / Mean.update_state do `self.total.assign(self.total +
+    # ...)` (and the same for `count`): a read on the ps, an add on the worker, an assign back,
+    # which parameter_server_atomic_assign_add cannot reach. Keras 3.4 changed both to
+    # assign_add; this is that form, for variables on a ps only.
+    from keras.src import ops
+    from keras.src.metrics import reduction_metrics
+
+    on_ps = _on_ps()
+    Sum, Mean = reduction_metrics.Sum, reduction_metrics.Mean
+    original_sum, original_mean = Sum.update_state, Mean.update_state
+    samplewise = reduction_metrics.reduce_to_samplewise_values
+
+    def sum_update_state(self, values, sample_weight=None):
+        if not on_ps(self.total):
+            return original_sum(self, values, sample_weight)
+        values, _ = samplewise(values, sample_weight, reduce_fn=ops.sum, dtype=self.dtype)
+        self.total.assign_add(ops.sum(values))
+
+    def mean_update_state(self, values, sample_weight=None):
+        if not on_ps(self.total):
+            return original_mean(self, values, sample_weight)
+        values, sample_weight = samplewise(
+            values, sample_weight, reduce_fn=ops.mean, dtype=self.dtype
+        )
+        self.total.assign_add(ops.sum(values))
+        num_samples = ops.shape(values)[0] if len(values.shape) >= 1 else 1
+        if sample_weight is not None:
+            num_samples = ops.sum(sample_weight)
+        self.count.assign_add(ops.cast(num_samples, dtype=self.dtype))
+
+    Sum.update_state, Mean.update_state = sum_update_state, mean_update_state
 
 
 PS_FIT_EVALUATE_PREDICT = Fix(
@@ -368,4 +436,10 @@ def _fix_ps_sharded_checkpoint():
     Variable.__array__ = __array__
 
 
-FIXES = (PS_ATOMIC_ASSIGN_ADD, PS_FIT_EVALUATE_PREDICT, PS_SHARDED_TRAINABLE, PS_SHARDED_CHECKPOINT)
+FIXES = (
+    PS_ATOMIC_ASSIGN_ADD,
+    PS_ATOMIC_METRIC_TOTALS,
+    PS_FIT_EVALUATE_PREDICT,
+    PS_SHARDED_TRAINABLE,
+    PS_SHARDED_CHECKPOINT,
+)
