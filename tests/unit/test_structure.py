@@ -336,3 +336,11 @@ def test_the_private_name_check_finds_private_names():
         ("tfdist.cluster._local", "_local"),
         ("tfdist.cluster.spec", "_reader"),
     ]
+
+
+def test_no_two_test_files_share_a_name():
+    """pytest imports test files by their names (conftest.py: no __init__.py in the tiers)."""
+    names = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}
