@@ -158,22 +158,30 @@ def _resolve_strategy(strategy):
     return make_strategy()
 
 
+def _steps_or_refuse(given, data, global_batch_size, refusal: str) -> int:
+    """`given` steps, else one pass over `data`; a ValueError saying `refusal` when neither
+    is known (data of unknown length)."""
+    steps = given if given is not None else data_lib.steps_per_pass(data, global_batch_size)
+    if steps is None:
+        raise ValueError(refusal)
+    return steps
+
+
 def _fit_parameter_server(model, strategy, plan: _Plan):
     """tfdist's own ClusterCoordinator loop: an epoch is a number of steps of repeated data."""
     from tfdist import parameter_server
     from tfdist.fixes import apply_fixes
 
     apply_fixes()  # also for a strategy that tfdist did not make
-    steps_per_epoch = plan.steps_per_epoch
-    if steps_per_epoch is None:
-        steps_per_epoch = data_lib.steps_per_pass(plan.data, plan.global_batch_size)
-    if steps_per_epoch is None:
-        raise ValueError(
-            "steps_per_epoch is required on parameter_server for data of unknown length "
-            "(a dataset function, an infinite dataset): each worker reads its own "
-            "repeated input, so an epoch has no natural end. HINT: steps_per_epoch = "
-            "number of examples // global_batch_size."
-        )
+    steps_per_epoch = _steps_or_refuse(
+        plan.steps_per_epoch,
+        plan.data,
+        plan.global_batch_size,
+        "steps_per_epoch is required on parameter_server for data of unknown length "
+        "(a dataset function, an infinite dataset): each worker reads its own "
+        "repeated input, so an epoch has no natural end. HINT: steps_per_epoch = "
+        "number of examples // global_batch_size.",
+    )
     dataset_fn = data_lib.dataset_fn_for(
         plan.data, plan.global_batch_size, shuffle=plan.shuffle, seed=plan.seed, repeat=True
     )
@@ -182,14 +190,14 @@ def _fit_parameter_server(model, strategy, plan: _Plan):
         validation_fn = data_lib.dataset_fn_for(
             plan.validation, plan.global_batch_size, repeat=True
         )
-        if validation_steps is None:
-            validation_steps = data_lib.steps_per_pass(plan.validation, plan.global_batch_size)
-        if validation_steps is None:
-            raise ValueError(
-                "validation_steps is required on parameter_server for validation_data of "
-                "unknown length. HINT: validation_steps = number of validation examples "
-                "// global_batch_size."
-            )
+        validation_steps = _steps_or_refuse(
+            validation_steps,
+            plan.validation,
+            plan.global_batch_size,
+            "validation_steps is required on parameter_server for validation_data of "
+            "unknown length. HINT: validation_steps = number of validation examples "
+            "// global_batch_size.",
+        )
     return parameter_server.fit_parameter_server(
         model,
         strategy,
