@@ -2,8 +2,10 @@
 
 The matrix below is what `make test-matrix` runs (noxfile.py reads it), what `tfdist env` and
 `tfdist doctor` compare the installed releases with, and what the README's compatibility table
-shows. A release newer than the matrix still works where the fixes' targets still match: tfdist
-warns once that it is untested, and `tfdist doctor` runs the scenarios that matter.
+shows. `NEXT_RELEASE` is the Keras release after the matrix, tested before it is out on a named
+keras-nightly build (`make test-next`). A release newer than both still works where the fixes'
+targets still match: tfdist warns once that it is untested, and `tfdist doctor` runs the
+scenarios that matter.
 
 Nothing here imports TensorFlow. A leaf: imports no other tfdist module.
 """
@@ -70,11 +72,64 @@ MATRIX = (
 )
 OLDEST, NEWEST = MATRIX[0], MATRIX[-2]
 
+
+@dataclasses.dataclass(frozen=True)
+class NextRelease:
+    """The Keras release after the matrix, tested before it is out on a keras-nightly build.
+
+    keras-nightly installs as the `keras` package; its version names the release it becomes
+    and the hour it was built ("3.16.0.dev2026102704": Keras 3.16, 2026-10-27).
+
+    Attributes:
+        nightly: str. The keras-nightly build the README's scenarios were run on.
+        tensorflow: str. The TensorFlow release they were run with (the matrix's newest).
+        tf_keras: str. The tf_keras of that TensorFlow.
+        tf_nightly: str. The tf-nightly-cpu build they were also run with ("": none).
+        tf_keras_nightly: str. The tf-keras-nightly build of that TensorFlow.
+    """
+
+    nightly: str
+    tensorflow: str
+    tf_keras: str
+    tf_nightly: str = ""
+    tf_keras_nightly: str = ""
+
+    @property
+    def keras(self) -> str:
+        """The release the nightly becomes, e.g. "3.16"."""
+        return _text(parse_version(self.nightly)[:2])
+
+    @property
+    def built(self) -> str:
+        """The nightly's build date, "YYYY-MM-DD" (from its version)."""
+        stamp = self.nightly.rpartition(".dev")[2]
+        return f"{stamp[:4]}-{stamp[4:6]}-{stamp[6:8]}"
+
+    @property
+    def name(self) -> str:
+        return f"next-tf{self.tensorflow}-keras{self.nightly}"
+
+    def pins(self, nightly: str = "") -> list:
+        """uv/pip requirements of this TensorFlow with keras-nightly (`nightly`: another build).
+
+        keras-nightly writes the package `keras` that TensorFlow requires by the release's
+        name: install these without that requirement (noxfile.py drops it with an override).
+        """
+        return [f"tensorflow=={self.tensorflow}", f"keras-nightly=={nightly or self.nightly}",
+                f"tf-keras=={self.tf_keras}"]  # fmt: skip
+
+
+# The next Keras: the keras-nightly build whose scenarios all passed (`make test-next`), on the
+# newest TensorFlow of the matrix and on tf-nightly.
+NEXT_RELEASE = NextRelease(
+    "3.16.0.dev2026102704", "2.21.0", "2.21.0", "2.22.0.dev20260905", "2.22.0.dev2026101709"
+)
+
 TENSORFLOW_RANGE = (parse_version("2.16")[:2], parse_version("2.21")[:2])
 KERAS_RANGE = (parse_version("3.3")[:2], parse_version("3.15")[:2])
 TF_KERAS_RANGE = TENSORFLOW_RANGE  # tf_keras follows TensorFlow's minor versions
 
-TESTED, IN_RANGE, NEWER, OLDER = "tested", "in range", "newer", "older"
+TESTED, IN_RANGE, NEXT, NEWER, OLDER = "tested", "in range", "next", "newer", "older"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,12 +137,16 @@ class Support:
     """How the installed releases relate to the matrix.
 
     status: "tested" (this TensorFlow and Keras minor pair is in the matrix), "in range"
-    (each within the tested range, the pair itself not run), "newer" (a release newer than the
-    matrix: fixes whose targets still match are applied), or "older" (not supported).
+    (each within the tested range, the pair itself not run), "next" (the Keras release after
+    the matrix, whose nightly build NEXT_RELEASE names was tested), "newer" (a release newer
+    than the matrix: fixes whose targets still match are applied), or "older" (not supported).
+    warn: bool. Whether tfdist warns once that these releases were not tested: "newer",
+    "older", and a build of the next Keras other than the nightly tested.
     """
 
     status: str
     message: str
+    warn: bool = False
 
     @property
     def supported(self) -> bool:
@@ -114,26 +173,59 @@ def support(tensorflow: str, keras: str, flavour: str = "keras3") -> Support:
             OLDER,
             f"{here} is older than tfdist supports ({tested_range}). HINT: pip install -U "
             f"'tensorflow>={_text(TENSORFLOW_RANGE[0])}' 'keras>={_text(KERAS_RANGE[0])}'.",
+            warn=True,
         )
+    if not legacy and _is_next(tf_v, keras_v):
+        return _next_support(here, tensorflow, keras)
     if tf_v > TENSORFLOW_RANGE[1] or keras_v > keras_range[1]:
         return Support(
             NEWER,
             f"{here} is newer than the releases tfdist was tested with ({tested_range}). "
             "Fixes whose targets still match are applied; `tfdist doctor` runs the scenarios "
             "that matter on this machine. Report what fails as an issue.",
+            warn=True,
         )
     if (tf_v, keras_v) in pairs:
         return Support(TESTED, f"{here}: a tested pair.")
     return Support(IN_RANGE, f"{here}: within the tested range ({tested_range}).")
 
 
+def _is_next(tf_v: Version, keras_v: Version) -> bool:
+    """The next Keras on a TensorFlow it was run with (a release, or tf-nightly's)."""
+    tensorflows = {parse_version(NEXT_RELEASE.tensorflow)[:2]}
+    if NEXT_RELEASE.tf_nightly:
+        tensorflows.add(parse_version(NEXT_RELEASE.tf_nightly)[:2])
+    return keras_v == parse_version(NEXT_RELEASE.keras)[:2] and tf_v in tensorflows
+
+
+def _next_support(here: str, tensorflow: str, keras: str) -> Support:
+    tested = f"keras-nightly {NEXT_RELEASE.nightly} (built {NEXT_RELEASE.built})"
+    tensorflows = (parse_version(NEXT_RELEASE.tensorflow)[:2], NEXT_RELEASE.tf_nightly)
+    if keras == NEXT_RELEASE.nightly and (
+        parse_version(tensorflow)[:2] == tensorflows[0] or tensorflow == tensorflows[1]
+    ):
+        return Support(
+            NEXT,
+            f"{here}: the next Keras ({NEXT_RELEASE.keras}), tested before its release on this "
+            f"build, {tested}.",
+        )
+    return Support(
+        NEXT,
+        f"{here}: the next Keras ({NEXT_RELEASE.keras}), tested before its release on {tested}, "
+        "not on this pair. "
+        "Fixes whose targets still match are applied; `tfdist doctor` runs the scenarios that "
+        "matter on this machine. Report what fails as an issue.",
+        warn=True,
+    )
+
+
 _WARNED = []
 
 
 def warn_if_untested(tensorflow: str, keras: str, flavour: str = "keras3") -> Support:
-    """Warns once per process when these releases are newer or older than MATRIX."""
+    """Warns once per process when these releases were not tested (`Support.warn`)."""
     here = support(tensorflow, keras, flavour)
-    if here.status in (NEWER, OLDER) and not _WARNED:
+    if here.warn and not _WARNED:
         _WARNED.append(here)
         warnings.warn(here.message, CompatibilityWarning, stacklevel=3)
     return here

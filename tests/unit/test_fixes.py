@@ -10,7 +10,7 @@ import re
 import pytest
 
 from tfdist import fixes, releases
-from tfdist.fixes.record import APPLIED, NOT_NEEDED, Fix, Internal, Target
+from tfdist.fixes.record import APPLIED, NOT_NEEDED, Fix, Internal, Place, Target
 
 # ----------------------------------------------------------------------- tier 1: records
 
@@ -35,7 +35,10 @@ def test_every_fix_is_a_complete_record():
         for variant in fix.variants:
             assert variant.targets, f"{name} {variant.releases} names no target"
             for target in variant.targets:
-                assert re.fullmatch(r"[\w.]+:[\w.]*", target.path), target.path
+                if target.place is None:
+                    assert re.fullmatch(r"[\w.]+:[\w.]*", target.path), target.path
+                else:  # an attribute path below an internal found by what it is
+                    assert re.fullmatch(r"[\w.]*", target.path), target.path
 
 
 def test_variants_of_a_fix_do_not_overlap():
@@ -111,6 +114,70 @@ def test_targets_are_checked_for_existence_and_parameters(target, problem):
         assert found is not None and found.startswith(problem), found
 
 
+def _module(monkeypatch, name, **classes):
+    """A module `name` in sys.modules defining `classes` (name -> bases)."""
+    import sys
+    import types
+
+    module = types.ModuleType(name)
+    for class_name, bases in classes.items():
+        setattr(module, class_name, type(class_name, bases, {"__module__": name}))
+    monkeypatch.setitem(sys.modules, name, module)
+    return module
+
+
+def test_a_class_found_by_what_it_is_follows_a_rename(monkeypatch):
+    # Keras 3.16 renamed TensorFlowTrainer to Trainer and the base Trainer to BaseTrainer
+    def places(base_module, module):
+        base = Place.class_in("the base trainer", base_module, defines=("fit",))
+        return base, Place.class_in("the TensorFlow trainer", module, base=base)
+
+    for version, (base_name, name) in {
+        "k315": ("Trainer", "TensorFlowTrainer"),
+        "k316": ("BaseTrainer", "Trainer"),
+    }.items():
+        base_module = _module(monkeypatch, f"fake_{version}_base")
+        base_cls = type(base_name, (), {"__module__": base_module.__name__, "fit": lambda s: 1})
+        setattr(base_module, base_name, base_cls)
+        module = _module(monkeypatch, f"fake_{version}_tf", Iterator=(object,))
+        setattr(module, name, type(name, (base_cls,), {"__module__": module.__name__}))
+        module.Imported = type("Imported", (base_cls,), {})  # defined elsewhere: not counted
+        base, trainer = places(base_module.__name__, module.__name__)
+        assert base.get() is base_cls and trainer.get() is getattr(module, name)
+        assert trainer.target("fit", ("s",)).problem() is None
+        problem = trainer.target("train_step").problem()
+        assert problem == "the TensorFlow trainer.train_step is missing (no 'train_step')"
+
+
+def test_a_class_not_found_or_ambiguous_names_what_was_looked_for(monkeypatch):
+    base = Place.first_of("the base", "json:JSONDecoder")
+    _module(monkeypatch, "fake_none")
+    problem = Place.class_in("the trainer", "fake_none", base=base).target("x").problem()
+    assert problem == (
+        "the trainer is missing: fake_none defines 0 classes that subclass JSONDecoder "
+        "(none), the fix expects one"
+    )
+    import json
+
+    _module(monkeypatch, "fake_two", A=(json.JSONDecoder,), B=(json.JSONDecoder,))
+    problem = Place.class_in("the trainer", "fake_two", base=base).target().problem()
+    assert "fake_two defines 2 classes" in problem and "(A, B)" in problem
+
+
+def test_a_module_found_under_its_newest_path_first(monkeypatch):
+    new = _module(monkeypatch, "fake_backend_ops_image")
+    old = _module(monkeypatch, "fake_backend_image")
+    new.draw_seed = old.draw_seed = lambda seed: seed
+    place = Place.first_of("the image ops", "fake_backend_ops_image", "fake_backend_image")
+    assert place.get() is new and place.target("draw_seed", ("seed",)).problem() is None
+    monkeypatch.delitem(__import__("sys").modules, "fake_backend_ops_image")
+    assert place.get() is old  # a release before the move
+    gone = Place.first_of("the image ops", "no_such_module_xyz", "json:nothing")
+    problem = gone.target("draw_seed").problem()
+    assert problem.startswith("the image ops is missing: module no_such_module_xyz is missing")
+    assert "json:nothing is missing" in problem
+
+
 def test_an_internal_resolves_to_its_first_path_that_exists():
     internal = Internal("join", "tests", ("no_such_module_xyz:join", "os.path:join"))
     import os.path
@@ -146,7 +213,9 @@ def test_the_docs_table_of_fixes_is_the_registry():
         ("2.16.1", "3.15.0", "keras3", releases.TESTED),  # same minor pair
         ("2.19.0", "3.12.1", "keras3", releases.IN_RANGE),
         ("2.22.0", "3.15.1", "keras3", releases.NEWER),
-        ("2.21.0", "3.16.0", "keras3", releases.NEWER),
+        ("2.21.0", "3.17.0", "keras3", releases.NEWER),
+        ("2.21.0", "3.16.0.dev2026102704", "keras3", releases.NEXT),
+        ("2.21.0", "3.16.0", "keras3", releases.NEXT),
         ("2.15.1", "3.3.3", "keras3", releases.OLDER),
         ("2.16.2", "3.2.1", "keras3", releases.OLDER),
         ("2.16.2", "2.16.0", "tf_keras", releases.TESTED),
@@ -160,6 +229,36 @@ def test_support_status_against_the_matrix(tensorflow, keras, flavour, status):
     assert tensorflow in here.message and keras in here.message
     if status == releases.OLDER:
         assert "HINT: pip install -U" in here.message
+
+
+def test_the_next_keras_is_tested_on_a_named_nightly_and_distinct_from_newer():
+    next_release = releases.NEXT_RELEASE
+    assert next_release.keras == "3.16" and next_release.built == "2026-10-27"
+    assert next_release.name == f"next-tf{next_release.tensorflow}-keras{next_release.nightly}"
+    assert releases.parse_version(next_release.keras) > releases.parse_version(
+        releases.NEWEST.keras
+    )
+    assert next_release.tensorflow == releases.NEWEST.tensorflow
+    assert next_release.pins() == [
+        "tensorflow==2.21.0",
+        "keras-nightly==3.16.0.dev2026102704",
+        "tf-keras==2.21.0",
+    ]
+    assert next_release.pins("3.16.0.dev2026110104")[1] == "keras-nightly==3.16.0.dev2026110104"
+    # the nightly tested: no warning; another build of 3.16, or on another TensorFlow: warned
+    tested = releases.support("2.21.0", next_release.nightly)
+    assert tested.status == releases.NEXT and not tested.warn
+    assert "keras-nightly 3.16.0.dev2026102704 (built 2026-10-27)" in tested.message
+    assert not releases.support(next_release.tf_nightly, next_release.nightly).warn
+    for tensorflow, keras in [("2.21.0", "3.16.0"), ("2.22.0", next_release.nightly)]:
+        other = releases.support(tensorflow, keras)
+        assert other.status == releases.NEXT and other.warn
+        assert "not on this pair" in other.message
+    newer = releases.support("2.21.0", "3.17.0.dev2027010104")
+    assert newer.status == releases.NEWER and newer.warn
+    assert releases.support("2.23.0", next_release.nightly).status == releases.NEWER
+    # tf_keras has no next release of its own
+    assert releases.support("2.22.0", "2.22.0", "tf_keras").status == releases.NEWER
 
 
 def test_the_matrix_holds_the_pairs_users_run():

@@ -1,11 +1,25 @@
-"""The Keras 3 TensorFlow trainer module (keras/src/backend/tensorflow/trainer.py), which fixes
-of several areas patch: its import path, for their targets, and the module itself.
+"""The Keras 3 trainer classes that fixes of several areas patch, found by what they are.
+
+Keras 3.16 renamed them: the TensorFlow backend's trainer (keras/src/backend/tensorflow/
+trainer.py) was `TensorFlowTrainer` and is `Trainer`, the backend-independent one
+(keras/src/trainers/trainer.py) was `Trainer` and is `BaseTrainer`. Fixes name neither: they
+patch `TF_TRAINER` (the class the backend's trainer module defines that subclasses the base
+trainer) and `BASE_TRAINER` (the class the base module defines that defines `compile` and
+`fit`), so a rename of that kind needs no new variant.
 
 Nothing here imports TensorFlow or Keras at import time.
 """
 
-# The module path, as the fixes' targets name it ("<TRAINER>:TensorFlowTrainer.train_step").
+from tfdist.fixes.record import Place
+
+# The TensorFlow backend's trainer module: its trainer class, epoch iterator and the helpers
+# (reduce_per_replica, ...) that fixes patch as "<TRAINER>:name".
 TRAINER = "keras.src.backend.tensorflow.trainer"
+
+BASE_TRAINER = Place.class_in(
+    "the base trainer class", "keras.src.trainers.trainer", defines=("compile", "fit")
+)
+TF_TRAINER = Place.class_in("the TensorFlow trainer class", TRAINER, base=BASE_TRAINER)
 
 
 def tf_trainer():
@@ -13,3 +27,13 @@ def tf_trainer():
     from keras.src.backend.tensorflow import trainer
 
     return trainer
+
+
+def tf_trainer_class():
+    """The TensorFlow backend's trainer class (`TensorFlowTrainer`, `Trainer` from Keras 3.16)."""
+    return TF_TRAINER.get()
+
+
+def base_trainer_class():
+    """The backend-independent trainer class (`Trainer`, `BaseTrainer` from Keras 3.16)."""
+    return BASE_TRAINER.get()

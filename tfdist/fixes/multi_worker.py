@@ -3,7 +3,7 @@
 Nothing here imports TensorFlow or Keras at import time.
 """
 
-from tfdist.fixes.keras_trainer import tf_trainer
+from tfdist.fixes.keras_trainer import TF_TRAINER, TRAINER, tf_trainer
 from tfdist.fixes.record import Fix, Target
 
 MULTI_WORKER_MEAN = Fix(
@@ -24,11 +24,8 @@ MULTI_WORKER_MEAN = Fix(
 @MULTI_WORKER_MEAN.variant(
     "3.3",
     targets=[
-        Target(
-            "keras.src.backend.tensorflow.trainer:reduce_per_replica",
-            ("values", "strategy", "reduction"),
-        ),
-        "keras.src.backend.tensorflow.trainer:_collective_all_reduce_multi_worker",
+        Target(f"{TRAINER}:reduce_per_replica", ("values", "strategy", "reduction")),
+        f"{TRAINER}:_collective_all_reduce_multi_worker",
     ],
 )
 def _fix_reduce_per_replica():
@@ -70,12 +67,9 @@ MULTI_WORKER_STEPS_PER_EXECUTION = Fix(
 @MULTI_WORKER_STEPS_PER_EXECUTION.variant(
     "3.7",
     targets=[
-        Target(
-            "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._make_function",
-            ("self", "step_function"),
-        ),
-        "keras.src.backend.tensorflow.trainer:reduce_per_replica",
-        "keras.src.backend.tensorflow.trainer:_collective_all_reduce_multi_worker",
+        TF_TRAINER.target("_make_function", ("self", "step_function")),
+        f"{TRAINER}:reduce_per_replica",
+        f"{TRAINER}:_collective_all_reduce_multi_worker",
     ],
 )
 def _fix_multi_worker_steps_per_execution():
@@ -95,8 +89,8 @@ def _fix_multi_worker_steps_per_execution():
     # upstream.)
     import tensorflow as tf
 
-    trainer = tf_trainer()
-    original = trainer.TensorFlowTrainer._make_function
+    trainer, cls = tf_trainer(), TF_TRAINER.get()
+    original = cls._make_function
 
     def _make_function(self, step_function):
         strategy = self._distribute_strategy
@@ -150,7 +144,7 @@ def _fix_multi_worker_steps_per_execution():
 
         return function
 
-    trainer.TensorFlowTrainer._make_function = _make_function
+    cls._make_function = _make_function
 
 
 FIXES = (MULTI_WORKER_MEAN, MULTI_WORKER_STEPS_PER_EXECUTION)

@@ -10,7 +10,8 @@ when fit is called.
 
 import functools
 
-from tfdist.fixes.keras_trainer import tf_trainer
+from tfdist.fixes.keras_backend import VARIABLE
+from tfdist.fixes.keras_trainer import TF_TRAINER
 from tfdist.fixes.record import Fix, Target
 
 
@@ -56,8 +57,8 @@ PS_ATOMIC_ASSIGN_ADD = Fix(
 @PS_ATOMIC_ASSIGN_ADD.variant(
     "3.3",
     targets=[
-        Target("keras.src.backend.tensorflow.core:Variable.assign_add", ("self", "value")),
-        Target("keras.src.backend.tensorflow.core:Variable.assign_sub", ("self", "value")),
+        VARIABLE.target("assign_add", ("self", "value")),
+        VARIABLE.target("assign_sub", ("self", "value")),
         "keras.src.backend.common.stateless_scope:in_stateless_scope",
     ],
 )
@@ -71,10 +72,9 @@ def _fix_ps_assign_add():
     # counts, learning-rate schedules and the global metrics all come out short. The fix sends
     # the update to the wrapped tf.Variable's assign_add (one AssignAddVariableOp on the ps,
     # atomic under the variable's lock). Only for variables that live on a ps.
-    from keras.src.backend.tensorflow.core import Variable
-
+    variable = VARIABLE.get()
     on_ps = _on_ps()
-    original_add, original_sub = Variable.assign_add, Variable.assign_sub
+    original_add, original_sub = variable.assign_add, variable.assign_sub
 
     def _cast(variable, value):
         import tensorflow as tf
@@ -93,7 +93,7 @@ def _fix_ps_assign_add():
             return original_sub(self, value)
         return self._value.assign_sub(_cast(self, value))
 
-    Variable.assign_add, Variable.assign_sub = assign_add, assign_sub
+    variable.assign_add, variable.assign_sub = assign_add, assign_sub
 
 
 PS_ATOMIC_METRIC_TOTALS = Fix(
@@ -171,18 +171,9 @@ PS_FIT_EVALUATE_PREDICT = Fix(
 @PS_FIT_EVALUATE_PREDICT.variant(
     "3.3",
     targets=[
-        Target(
-            "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.fit",
-            ("self", "x", "y", "batch_size"),
-        ),
-        Target(
-            "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.evaluate",
-            ("self", "x", "y", "batch_size"),
-        ),
-        Target(
-            "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.predict",
-            ("self", "x", "batch_size"),
-        ),
+        TF_TRAINER.target("fit", ("self", "x", "y", "batch_size")),
+        TF_TRAINER.target("evaluate", ("self", "x", "y", "batch_size")),
+        TF_TRAINER.target("predict", ("self", "x", "batch_size")),
     ],
 )
 def _fix_ps_fit_evaluate_predict():
@@ -199,7 +190,7 @@ def _fix_ps_fit_evaluate_predict():
     import tensorflow as tf
     from tensorflow.python.distribute import distribute_lib
 
-    cls = tf_trainer().TensorFlowTrainer
+    cls = TF_TRAINER.get()
     original = {name: getattr(cls, name) for name in ("fit", "evaluate", "predict")}
 
     def on_ps(model) -> bool:
@@ -322,7 +313,7 @@ def _view_by_subclass(shard, trainable, name):
 @PS_SHARDED_TRAINABLE.variant(
     "3.3",
     "3.10",
-    targets=[*_SHARDED_TARGETS, Target("keras.src.backend.tensorflow.core:Variable._initialize")],
+    targets=[*_SHARDED_TARGETS, VARIABLE.target("_initialize")],
 )
 def _sharded_trainable_by_subclass():
     _SHARD_VIEW[0] = _view_by_subclass
@@ -388,12 +379,9 @@ PS_SHARDED_CHECKPOINT = Fix(
 @PS_SHARDED_CHECKPOINT.variant(
     "3.3",
     targets=[
-        Target("keras.src.backend.tensorflow.core:Variable._serialize_to_tensors", ("self",)),
-        Target(
-            "keras.src.backend.tensorflow.core:Variable._restore_from_tensors",
-            ("self", "restored_tensors"),
-        ),
-        "keras.src.backend.tensorflow.core:Variable.__array__",
+        VARIABLE.target("_serialize_to_tensors", ("self",)),
+        VARIABLE.target("_restore_from_tensors", ("self", "restored_tensors")),
+        VARIABLE.target("__array__"),
     ],
 )
 def _fix_ps_sharded_checkpoint():
@@ -410,11 +398,11 @@ def _fix_ps_sharded_checkpoint():
     # '__array__'") and get the same whole tensor. Only for sharded variables.
     import numpy as np
     import tensorflow as tf
-    from keras.src.backend.tensorflow.core import Variable
 
+    variable = VARIABLE.get()
     sharded = _ps_value_types()[-1]
-    original_save, original_restore = Variable._serialize_to_tensors, Variable._restore_from_tensors
-    original_array = Variable.__array__
+    original_save, original_restore = variable._serialize_to_tensors, variable._restore_from_tensors
+    original_array = variable.__array__
 
     def _serialize_to_tensors(self):
         if isinstance(self._value, sharded):
@@ -431,9 +419,9 @@ def _fix_ps_sharded_checkpoint():
             return np.asarray(tf.convert_to_tensor(self._value).numpy(), dtype=dtype)
         return original_array(self, dtype)
 
-    Variable._serialize_to_tensors = _serialize_to_tensors
-    Variable._restore_from_tensors = _restore_from_tensors
-    Variable.__array__ = __array__
+    variable._serialize_to_tensors = _serialize_to_tensors
+    variable._restore_from_tensors = _restore_from_tensors
+    variable.__array__ = __array__
 
 
 FIXES = (

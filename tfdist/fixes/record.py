@@ -7,6 +7,11 @@ patch relies on). Applying a fix first picks the variant for this Keras release 
 every target exists and has the expected shape; a target that is missing or changed skips the
 fix with one warning, it never raises into `make_strategy`.
 
+A `Place` is an internal found by what it is rather than by one path, where a release is likely
+to rename or move it (the TensorFlow backend's trainer class, whatever its name; a backend op
+module under either of its paths): targets below a place follow it, so a rename of that kind
+is absorbed without a new variant.
+
 An `Internal` is the same idea for an internal tfdist only reads (a TensorFlow protobuf module,
 a Keras helper): one path per release family, the first that resolves is used.
 
@@ -22,12 +27,117 @@ from typing import Callable, Optional, Sequence, Tuple
 
 from tfdist.releases import CompatibilityWarning, Version, parse_version
 
-__all__ = ["CompatibilityWarning", "Fix", "FixStatus", "Internal", "Target", "Variant"]
+__all__ = ["CompatibilityWarning", "Fix", "FixStatus", "Internal", "Place", "Target", "Variant"]
 
 # A fix's state: applied (in this process), applies (when a strategy is made), not needed (this
 # release has no such bug, or tf_keras is in use), skipped (its target is missing or changed),
 # off (TFDIST_KERAS_FIXES).
 APPLIED, APPLIES, NOT_NEEDED, SKIPPED, OFF = "applied", "applies", "not needed", "skipped", "off"
+
+
+def _resolve_path(path: str):
+    """The object at "module:Qualified.name" (a class attribute as stored, e.g. a property).
+
+    Raises:
+        LookupError: the module or an attribute is missing; the message says which.
+    """
+    module_name, _, qualified = path.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as err:
+        raise LookupError(f"module {module_name} is missing ({err})") from None
+    return _attribute(obj, qualified, path)
+
+
+def _attribute(obj, qualified: str, where: str):
+    for part in qualified.split(".") if qualified else ():
+        try:
+            obj = inspect.getattr_static(obj, part) if isinstance(obj, type) else getattr(obj, part)
+        except AttributeError:
+            raise LookupError(f"{where} is missing (no {part!r})") from None
+    return obj
+
+
+@dataclasses.dataclass(frozen=True)
+class Place:
+    """An internal found by what it is, under whichever name and module a release keeps it.
+
+    Build one with `Place.first_of` (the first of several paths that resolves) or
+    `Place.class_in` (the one class a module defines that subclasses another place's class,
+    or defines given attributes); name what is below it with `place.target(...)`.
+
+    Attributes:
+        name: str. What it is, as reports say it ("the TensorFlow trainer class").
+        find: callable. Returns the object; raises LookupError saying what is missing.
+    """
+
+    name: str
+    find: Callable[[], object] = dataclasses.field(compare=False, repr=False)
+
+    def get(self):
+        """The object this release keeps here.
+
+        Raises:
+            LookupError: it is not found; the message says where it was looked for.
+        """
+        return self.find()
+
+    def target(self, attribute: str = "", params: Optional[Tuple[str, ...]] = None) -> "Target":
+        """A `Target` for `attribute` ("train_step", "Variable._initialize") of this place."""
+        return Target(attribute, params, place=self)
+
+    @classmethod
+    def first_of(cls, name: str, *paths: str) -> "Place":
+        """The object at the first of `paths` ("module:attr" or "module") that resolves.
+
+        Give the newest path first: an older path a release keeps only as an alias then never
+        shadows the object that release really uses.
+        """
+
+        def find():
+            problems = []
+            for path in paths:
+                try:
+                    return _resolve_path(path)
+                except LookupError as err:
+                    problems.append(str(err))
+            raise LookupError(f"{name} is missing: {'; '.join(problems)}")
+
+        return cls(name, find)
+
+    @classmethod
+    def class_in(
+        cls,
+        name: str,
+        module: str,
+        base: Optional["Place"] = None,
+        defines: Tuple[str, ...] = (),
+    ) -> "Place":
+        """The one class `module` defines (not imports) that subclasses `base`'s class and
+        defines each of `defines` itself: found by what it is, whatever its name."""
+
+        def find():
+            parent = base.get() if base is not None else object
+            found = [
+                value
+                for value in vars(_resolve_path(module)).values()
+                if isinstance(value, type)
+                and value.__module__ == module
+                and value is not parent
+                and issubclass(value, parent)
+                and all(attribute in vars(value) for attribute in defines)
+            ]
+            if len(found) != 1:
+                names = ", ".join(sorted(c.__name__ for c in found)) or "none"
+                what = [f"subclass {parent.__name__}"] if base is not None else []
+                what += [f"define {', '.join(defines)}"] if defines else []
+                raise LookupError(
+                    f"{name} is missing: {module} defines {len(found)} classes that "
+                    f"{' and '.join(what) or 'exist'} ({names}), the fix expects one"
+                )
+            return found[0]
+
+        return cls(name, find)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,35 +146,34 @@ class Target:
 
     Attributes:
         path: str. "module:Qualified.name", e.g.
-            "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._make_function".
+            "keras.src.backend.tensorflow.optimizer:TFOptimizer.build"; with `place`, the
+            attribute path below it ("train_step"; "" is the place itself).
         params: tuple of str or None. The leading parameter names the patch relies on (checked
             with `inspect.signature`); None checks existence only.
+        place: Place or None. Where the path starts, when the internal is found by what it is.
     """
 
     path: str
     params: Optional[Tuple[str, ...]] = None
+    place: Optional[Place] = None
+
+    @property
+    def name(self) -> str:
+        """The target as reports say it: its path, or its place and the path below it."""
+        if self.place is None:
+            return self.path
+        return f"{self.place.name}.{self.path}" if self.path else self.place.name
 
     def resolve(self):
         """Returns the object at `path` (a class attribute as stored, e.g. a property).
 
         Raises:
-            LookupError: the module or an attribute is missing; the message says which.
+            LookupError: the module, the place or an attribute is missing; the message says
+                which.
         """
-        module_name, _, qualified = self.path.partition(":")
-        try:
-            obj = importlib.import_module(module_name)
-        except ImportError as err:
-            raise LookupError(f"module {module_name} is missing ({err})") from None
-        for part in qualified.split(".") if qualified else ():
-            try:
-                obj = (
-                    inspect.getattr_static(obj, part)
-                    if isinstance(obj, type)
-                    else getattr(obj, part)
-                )
-            except AttributeError:
-                raise LookupError(f"{module_name}:{qualified} is missing (no {part!r})") from None
-        return obj
+        if self.place is None:
+            return _resolve_path(self.path)
+        return _attribute(self.place.get(), self.path, self.name)
 
     def problem(self) -> Optional[str]:
         """Why this target does not match (missing, or other parameters); None when it does."""
@@ -79,10 +188,10 @@ class Target:
         try:
             names = tuple(inspect.signature(function).parameters)
         except (TypeError, ValueError):
-            return f"{self.path} is not a function"
+            return f"{self.name} is not a function"
         if names[: len(self.params)] != tuple(self.params):
             return (
-                f"{self.path} takes ({', '.join(names)}), the fix expects "
+                f"{self.name} takes ({', '.join(names)}), the fix expects "
                 f"({', '.join(self.params)}, ...)"
             )
         return None
@@ -224,7 +333,7 @@ class Internal:
         problems = []
         for path in self.paths:
             try:
-                return Target(path).resolve()
+                return _resolve_path(path)
             except LookupError as err:
                 problems.append(str(err))
         import tensorflow as tf

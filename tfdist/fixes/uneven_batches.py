@@ -13,9 +13,8 @@ Nothing here imports TensorFlow or Keras at import time.
 
 import threading
 
+from tfdist.fixes.keras_trainer import BASE_TRAINER, TF_TRAINER, TRAINER, tf_trainer
 from tfdist.fixes.record import Fix, Target
-
-_TRAINER = "keras.src.backend.tensorflow.trainer"
 
 UNEVEN_BATCHES = Fix(
     name="uneven_batches_weighted_by_examples",
@@ -45,11 +44,11 @@ _LOSS_SCALE = "keras.src.optimizers.loss_scale_optimizer:LossScaleOptimizer"
 @UNEVEN_BATCHES.variant(
     "3.3",
     targets=[
-        Target(f"{_TRAINER}:TensorFlowTrainer.train_step", ("self", "data")),
+        TF_TRAINER.target("train_step", ("self", "data")),
         Target("keras.src.optimizers.base_optimizer:BaseOptimizer.scale_loss", ("self", "loss")),
         Target(f"{_LOSS_SCALE}.scale_loss", ("self", "loss")),
-        Target("keras.src.trainers.trainer:Trainer.get_metrics_result", ("self",)),
-        Target(f"{_TRAINER}:reduce_per_replica", ("values", "strategy", "reduction")),
+        BASE_TRAINER.target("get_metrics_result", ("self",)),
+        Target(f"{TRAINER}:reduce_per_replica", ("values", "strategy", "reduction")),
     ],
 )
 def _fix_uneven_batches():
@@ -68,10 +67,9 @@ def _fix_uneven_batches():
     # train_step, or multi_worker_mirrored (there the two all-reduces between processes cost
     # fit half its throughput on CPUs, benchmarks/bench_uneven_batches.py): unchanged.
     import tensorflow as tf
-    from keras.src.backend.tensorflow import trainer
     from keras.src.optimizers import base_optimizer, loss_scale_optimizer
 
-    cls = trainer.TensorFlowTrainer
+    trainer, cls = tf_trainer(), TF_TRAINER.get()
     original_train_step = cls.train_step
 
     def train_step(self, data):

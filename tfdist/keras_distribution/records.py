@@ -10,6 +10,8 @@ Imports tfdist.fixes.record; the patches import the sibling modules when applied
 
 from __future__ import annotations
 
+from tfdist.fixes.keras_backend import VARIABLE
+from tfdist.fixes.keras_trainer import BASE_TRAINER, TF_TRAINER
 from tfdist.fixes.record import Fix, Target
 
 __all__ = ["RECORDS"]
@@ -95,8 +97,8 @@ STRATEGY = Fix(
         f"{_LIB}:set_distribution",
         f"{_LIB}:GLOBAL_ATTRIBUTE_NAME",
         "tensorflow.python.framework.ops:Graph",
-        Target("keras.src.trainers.trainer:Trainer.compile", ("self", "optimizer")),
-        Target("keras.src.backend.tensorflow.trainer:TensorFlowTrainer.distribute_strategy"),
+        BASE_TRAINER.target("compile", ("self", "optimizer")),
+        TF_TRAINER.target("distribute_strategy"),
     ],
 )
 def _install_strategy():
@@ -126,9 +128,8 @@ def _install_strategy():
     # Keras 3 makes a model's optimizer under the strategy current at compile(); on JAX a
     # model built under a distribution compiles anywhere. So compile() of a model built under
     # a distribution, called while no strategy is current, runs under the model's strategy.
-    from keras.src.trainers.trainer import Trainer
-
-    compile_upstream = Trainer.compile
+    base = BASE_TRAINER.get()
+    compile_upstream = base.compile
 
     def compile(self, *args, **kwargs):
         strategy = bridge.strategy_to_compile_under(self)
@@ -138,30 +139,29 @@ def _install_strategy():
             return compile_upstream(self, *args, **kwargs)
 
     compile.__doc__ = compile_upstream.__doc__
-    Trainer.compile = compile
+    base.compile = compile
 
     # A model built before the distribution was set has its variables on one device; Keras
-    # would train it under the distribution's strategy (TensorFlowTrainer.distribute_strategy
-    # falls back to the current one) and fail deep in the optimizer. Say what happened instead.
-    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
-
-    prop = TensorFlowTrainer.__dict__["distribute_strategy"]
+    # would train it under the distribution's strategy (the TensorFlow trainer's
+    # distribute_strategy falls back to the current one) and fail deep in the optimizer. Say
+    # what happened instead.
+    trainer = TF_TRAINER.get()
+    prop = trainer.__dict__["distribute_strategy"]
 
     def distribute_strategy(self):
         if getattr(self, "_distribute_strategy", None) is None:
             bridge.check_built_under_the_distribution(self)
         return prop.fget(self)
 
-    TensorFlowTrainer.distribute_strategy = property(
-        distribute_strategy, prop.fset, prop.fdel, prop.__doc__
-    )
+    trainer.distribute_strategy = property(distribute_strategy, prop.fset, prop.fdel, prop.__doc__)
 
 
 DATASET = Fix(
     name="keras_distribution_dataset",
     summary=(
-        "Distribution.distribute_dataset shards a dataset for JAX's trainer, which on TensorFlow "
-        "the strategy would shard again."
+        "Keras shards a dataset per process for JAX's trainer (Distribution.distribute_dataset; "
+        "the TensorFlow dataset adapter from Keras 3.16), which on TensorFlow the strategy would "
+        "shard again."
     ),
     upstream=_UPSTREAM,
     strategies=("multi_worker_mirrored",),
@@ -204,13 +204,57 @@ def _dataset_per_class():
 
 
 @DATASET.variant(
-    "3.15", targets=[Target(f"{_LIB}:Distribution.distribute_dataset", ("self", "dataset"))]
+    "3.15",
+    "3.16",
+    targets=[Target(f"{_LIB}:Distribution.distribute_dataset", ("self", "dataset"))],
 )
 def _dataset_on_the_base():
     # Keras 3.15 defines it once, on Distribution.
     from keras.src.distribution import distribution_lib
 
     _patch_distribute_dataset([distribution_lib.Distribution])
+
+
+_ADAPTER = "keras.src.trainers.data_adapters.tf_dataset_adapter:TFDatasetAdapter"
+
+
+@DATASET.variant(
+    "3.16",
+    targets=[
+        Target(f"{_ADAPTER}.__init__", ("self", "dataset", "class_weight", "distribution")),
+        Target(f"{_ADAPTER}._distribute_dataset", ("self", "dataset", "distribution")),
+    ],
+)
+def _dataset_in_the_adapter():
+    # Keras 3.16 removed Distribution.distribute_dataset: the TensorFlow dataset adapter
+    # (keras/src/trainers/data_adapters/tf_dataset_adapter.py) shards the dataset itself in
+    # __init__, after class weights, and only with auto_shard_dataset. tfdist lets it map the
+    # class weights and distributes the result as before (auto_shard_dataset=False included);
+    # in one process the adapter's own _distribute_dataset decides, as upstream.
+    from keras.src.trainers.data_adapters import tf_dataset_adapter
+
+    from tfdist.keras_distribution import bridge
+
+    cls = tf_dataset_adapter.TFDatasetAdapter
+    upstream_init, upstream_distribute = cls.__init__, cls._distribute_dataset
+    if getattr(upstream_init, "_tfdist", False):
+        return
+
+    def __init__(self, dataset, class_weight=None, distribution=None):
+        upstream_init(self, dataset, class_weight=class_weight, distribution=None)
+        if distribution is None:
+            return
+
+        def upstream(distribution, dataset):
+            if not getattr(distribution, "auto_shard_dataset", True):
+                return dataset
+            return upstream_distribute(self, dataset, distribution)
+
+        self._dataset = bridge.distribute_dataset(distribution, self._dataset, upstream)
+
+    __init__._tfdist = True
+    __init__.__doc__ = upstream_init.__doc__
+    cls.__init__ = __init__
 
 
 ROW_SHARDED = Fix(
@@ -228,7 +272,7 @@ ROW_SHARDED = Fix(
 @ROW_SHARDED.variant(
     "3.3",
     targets=[
-        Target("keras.src.backend.tensorflow.core:Variable._initialize", ("self", "value")),
+        VARIABLE.target("_initialize", ("self", "value")),
         "tensorflow.python.distribute.sharded_variable:ShardedVariable",
     ],
 )
@@ -236,11 +280,10 @@ def _install_row_sharded():
     # Keras's TensorFlow Variable makes its tf.Variable in _initialize (eagerly, or deferred
     # until the layer is built), after its path is set. Under a ModelParallel that row-shards
     # the path, tfdist makes a ShardedVariable instead, shard i on the i-th device of the axis.
-    from keras.src.backend.tensorflow.core import Variable
-
     from tfdist.keras_distribution import bridge
 
-    upstream = Variable._initialize
+    variable = VARIABLE.get()
+    upstream = variable._initialize
     if getattr(upstream, "_tfdist", False):
         return
 
@@ -253,7 +296,7 @@ def _install_row_sharded():
         self._value = bridge.row_sharded_value(self, value, devices)
 
     _initialize._tfdist = True
-    Variable._initialize = _initialize
+    variable._initialize = _initialize
 
 
 RECORDS = (BACKEND, STRATEGY, DATASET, ROW_SHARDED)

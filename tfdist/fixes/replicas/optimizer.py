@@ -4,6 +4,7 @@ mixed_float16 skip decided by all replicas, and gradient accumulation.
 Nothing here imports TensorFlow or Keras at import time.
 """
 
+from tfdist.fixes.keras_backend import OPTIMIZER
 from tfdist.fixes.record import Fix, Target
 
 OPTIMIZER_OUTSIDE_SCOPE = Fix(
@@ -24,7 +25,7 @@ OPTIMIZER_OUTSIDE_SCOPE = Fix(
 @OPTIMIZER_OUTSIDE_SCOPE.variant(
     "3.3",
     targets=[
-        Target("keras.src.backend.tensorflow.optimizer:TFOptimizer.build", ("self", "variables")),
+        OPTIMIZER.target("build", ("self", "variables")),
     ],
 )
 def _fix_optimizer_outside_scope():
@@ -34,9 +35,9 @@ def _fix_optimizer_outside_scope():
     # fails deep in TensorFlow ("Mixing different tf.distribute.Strategy objects"); tf_keras
     # accepted it. tfdist turns that into an error that says what to move where.
     import tensorflow as tf
-    from keras.src.backend.tensorflow import optimizer as tf_optimizer
 
-    original = tf_optimizer.TFOptimizer.build
+    cls = OPTIMIZER.get()
+    original = cls.build
 
     def build(self, variables):
         current = tf.distribute.get_strategy()
@@ -50,7 +51,7 @@ def _fix_optimizer_outside_scope():
             )
         return original(self, variables)
 
-    tf_optimizer.TFOptimizer.build = build
+    cls.build = build
 
 
 LOSS_SCALE_SKIP = Fix(
@@ -118,13 +119,10 @@ GRADIENT_ACCUMULATION = Fix(
 
 
 _ACCUMULATION_TARGETS = [
-    Target(
-        "keras.src.backend.tensorflow.optimizer:TFOptimizer._backend_apply_gradients",
-        ("self", "grads", "trainable_variables"),
-    ),
-    "keras.src.backend.tensorflow.optimizer:TFOptimizer._all_reduce_sum_gradients",
-    "keras.src.backend.tensorflow.optimizer:TFOptimizer._distributed_tf_update_step",
-    "keras.src.backend.tensorflow.optimizer:TFOptimizer._backend_reset_gradient_accumulators",
+    OPTIMIZER.target("_backend_apply_gradients", ("self", "grads", "trainable_variables")),
+    OPTIMIZER.target("_all_reduce_sum_gradients"),
+    OPTIMIZER.target("_distributed_tf_update_step"),
+    OPTIMIZER.target("_backend_reset_gradient_accumulators"),
     "keras.src.optimizers.base_optimizer:BaseOptimizer._clip_gradients",
     "keras.src.optimizers.base_optimizer:BaseOptimizer._use_weight_decay",
 ]
@@ -153,9 +151,9 @@ def _patch_gradient_accumulation(count_iteration: bool):
     # where the branches only update variables. Without a strategy, or with EMA, unchanged.
     import tensorflow as tf
     from keras.src import backend
-    from keras.src.backend.tensorflow import optimizer as tf_optimizer
 
-    original = tf_optimizer.TFOptimizer._backend_apply_gradients
+    cls = OPTIMIZER.get()
+    original = cls._backend_apply_gradients
 
     def _backend_apply_gradients(self, grads, trainable_variables):
         context = tf.distribute.get_replica_context()
@@ -215,4 +213,4 @@ def _patch_gradient_accumulation(count_iteration: bool):
         if count_iteration:
             counter.assign_add(1)
 
-    tf_optimizer.TFOptimizer._backend_apply_gradients = _backend_apply_gradients
+    cls._backend_apply_gradients = _backend_apply_gradients

@@ -4,6 +4,7 @@ per replica.
 Nothing here imports TensorFlow or Keras at import time.
 """
 
+from tfdist.fixes.keras_backend import IMAGE_OPS, RANDOM_OPS
 from tfdist.fixes.record import Fix, Target
 
 PER_REPLICA_SEEDS = Fix(
@@ -19,7 +20,7 @@ PER_REPLICA_SEEDS = Fix(
 
 _SEED_TARGETS = [
     Target("keras.src.random.seed_generator:draw_seed", ("seed",)),
-    Target("keras.src.backend.tensorflow.random:draw_seed", ("seed",)),
+    RANDOM_OPS.target("draw_seed", ("seed",)),
     "keras.src.random.seed_generator:SeedGenerator",
 ]
 
@@ -31,11 +32,11 @@ def _per_replica_seeds_random():
 
 
 @PER_REPLICA_SEEDS.variant(
-    "3.10",
-    targets=[*_SEED_TARGETS, Target("keras.src.backend.tensorflow.image:draw_seed", ("seed",))],
+    "3.10", targets=[*_SEED_TARGETS, IMAGE_OPS.target("draw_seed", ("seed",))]
 )
 def _per_replica_seeds_random_and_image():
-    # Keras 3.10 on: random image ops (keras/src/backend/tensorflow/image.py) draw seeds too.
+    # Keras 3.10 on: random image ops (keras/src/backend/tensorflow/image.py, ops/image.py from
+    # Keras 3.16) draw seeds too.
     _patch_draw_seed(image=True)
 
 
@@ -49,7 +50,6 @@ def _patch_draw_seed(image: bool):
     # keras.utils.set_random_seed, explicit integer seeds and single-device runs are unchanged,
     # and initialisers (cross-replica context) still give every replica the same weights.
     import tensorflow as tf
-    from keras.src.backend.tensorflow import random as tf_random
     from keras.src.random import seed_generator
 
     original = seed_generator.draw_seed
@@ -68,8 +68,6 @@ def _patch_draw_seed(image: bool):
         )
         return tf.cast(folded, drawn.dtype)
 
-    tf_random.draw_seed = draw_seed
+    RANDOM_OPS.get().draw_seed = draw_seed
     if image:
-        from keras.src.backend.tensorflow import image as tf_image
-
-        tf_image.draw_seed = draw_seed
+        IMAGE_OPS.get().draw_seed = draw_seed

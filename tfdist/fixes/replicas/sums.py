@@ -6,7 +6,8 @@ Each applies under mirrored and multi_worker_mirrored only (`_under_mirrored`). 
 imports TensorFlow or Keras at import time.
 """
 
-from tfdist.fixes.keras_trainer import TRAINER, tf_trainer
+from tfdist.fixes.keras_backend import OPTIMIZER, VARIABLE
+from tfdist.fixes.keras_trainer import TF_TRAINER
 from tfdist.fixes.record import Fix, Target
 
 
@@ -39,18 +40,14 @@ GRADIENTS_SUMMED = Fix(
 @GRADIENTS_SUMMED.variant(
     "3.3",
     targets=[
-        Target(
-            "keras.src.backend.tensorflow.optimizer:TFOptimizer._backend_update_step",
-            ("self", "grads", "trainable_variables", "learning_rate"),
+        OPTIMIZER.target(
+            "_backend_update_step", ("self", "grads", "trainable_variables", "learning_rate")
         ),
-        Target(
-            "keras.src.backend.tensorflow.optimizer:TFOptimizer._distributed_tf_update_step",
+        OPTIMIZER.target(
+            "_distributed_tf_update_step",
             ("self", "distribution", "grads_and_vars", "learning_rate"),
         ),
-        Target(
-            "keras.src.backend.tensorflow.optimizer:TFOptimizer._all_reduce_sum_gradients",
-            ("self", "grads_and_vars"),
-        ),
+        OPTIMIZER.target("_all_reduce_sum_gradients", ("self", "grads_and_vars")),
     ],
 )
 def _fix_gradients_summed():
@@ -63,9 +60,8 @@ def _fix_gradients_summed():
     # The fix does the same.
     import tensorflow as tf
     from keras.src import backend
-    from keras.src.backend.tensorflow import optimizer as tf_optimizer
 
-    cls = tf_optimizer.TFOptimizer
+    cls = OPTIMIZER.get()
     original_update, original_distributed = (
         cls._backend_update_step,
         cls._distributed_tf_update_step,
@@ -115,12 +111,8 @@ METRICS_SUMMED = Fix(
     fixed_in="3.10",
 )
 
-_CORE = "keras.src.backend.tensorflow.core"
 
-
-@METRICS_SUMMED.variant(
-    "3.3", "3.5", targets=[Target(f"{_CORE}:Variable._initialize", ("self", "value"))]
-)
+@METRICS_SUMMED.variant("3.3", "3.5", targets=[VARIABLE.target("_initialize", ("self", "value"))])
 def _metrics_summed_initialize():
     _patch_metric_variables(("_initialize",))
 
@@ -128,8 +120,8 @@ def _metrics_summed_initialize():
 @METRICS_SUMMED.variant(
     "3.5",
     targets=[
-        Target(f"{_CORE}:Variable._initialize", ("self", "value")),
-        Target(f"{_CORE}:Variable._initialize_with_initializer", ("self", "initializer")),
+        VARIABLE.target("_initialize", ("self", "value")),
+        VARIABLE.target("_initialize_with_initializer", ("self", "initializer")),
     ],
 )
 def _metrics_summed_both_initializers():
@@ -148,9 +140,8 @@ def _patch_metric_variables(methods):
     # replicas. The fix creates "sum" variables that way under mirrored and
     # multi_worker_mirrored. Other variables: unchanged.
     import tensorflow as tf
-    from keras.src.backend.tensorflow import core
 
-    cls = core.Variable
+    cls = VARIABLE.get()
 
     def make(self, initial_value):
         self._value = tf.Variable(
@@ -201,7 +192,7 @@ LOSS_SCALED_FOR_REPLICAS = Fix(
 @LOSS_SCALED_FOR_REPLICAS.variant(
     "3.3",
     targets=[
-        Target(f"{TRAINER}:TensorFlowTrainer.train_step", ("self", "data")),
+        TF_TRAINER.target("train_step", ("self", "data")),
         Target("keras.src.optimizers.base_optimizer:BaseOptimizer.scale_loss", ("self", "loss")),
     ],
 )
@@ -214,7 +205,7 @@ def _fix_loss_scaled_for_replicas():
     # logged loss is not changed). One replica: unchanged.
     import tensorflow as tf
 
-    cls = tf_trainer().TensorFlowTrainer
+    cls = TF_TRAINER.get()
     original = cls.train_step
 
     def train_step(self, data):

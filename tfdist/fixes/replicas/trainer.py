@@ -4,8 +4,8 @@ and no XLA-compiled step across local replicas.
 Nothing here imports TensorFlow or Keras at import time.
 """
 
-from tfdist.fixes.keras_trainer import TRAINER, tf_trainer
-from tfdist.fixes.record import Fix, Target
+from tfdist.fixes.keras_trainer import TF_TRAINER, TRAINER
+from tfdist.fixes.record import Fix
 
 SYMBOLIC_BUILD = Fix(
     name="symbolic_build_from_a_local_batch",
@@ -27,10 +27,8 @@ SYMBOLIC_BUILD = Fix(
 
 
 _BUILD_TARGETS = [
-    Target(
-        f"{TRAINER}:TensorFlowTrainer._maybe_symbolic_build", ("self", "iterator", "data_batch")
-    ),
-    Target(f"{TRAINER}:TensorFlowTrainer._symbolic_build", ("self",)),
+    TF_TRAINER.target("_maybe_symbolic_build", ("self", "iterator", "data_batch")),
+    TF_TRAINER.target("_symbolic_build", ("self",)),
     "keras.src.tree:map_structure",
 ]
 
@@ -66,7 +64,7 @@ def _patch_symbolic_build(batches_of):
         with strategy.scope():
             self._symbolic_build(data_batch=data_batch)
 
-    tf_trainer().TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+    TF_TRAINER.get()._maybe_symbolic_build = _maybe_symbolic_build
 
 
 @SYMBOLIC_BUILD.variant(
@@ -146,23 +144,21 @@ _MAKE_FUNCTIONS = ("make_train_function", "make_test_function", "make_predict_fu
 @NO_XLA_ACROSS_REPLICAS.variant(
     "3.3",
     "3.7",
-    targets=[
-        Target(f"{TRAINER}:TensorFlowTrainer.{name}", ("self", "force")) for name in _MAKE_FUNCTIONS
-    ],
+    targets=[TF_TRAINER.target(name, ("self", "force")) for name in _MAKE_FUNCTIONS],
 )
 def _no_xla_in_make_functions():
     # Keras 3.3-3.6: make_train/test/predict_function jit-compile the per-replica step itself.
-    cls = tf_trainer().TensorFlowTrainer
+    cls = TF_TRAINER.get()
     for name in _MAKE_FUNCTIONS:
         setattr(cls, name, _without_xla_across_replicas(getattr(cls, name)))
 
 
 @NO_XLA_ACROSS_REPLICAS.variant(
     "3.7",
-    targets=[Target(f"{TRAINER}:TensorFlowTrainer._make_function", ("self", "step_function"))],
+    targets=[TF_TRAINER.target("_make_function", ("self", "step_function"))],
 )
 def _no_xla_in_make_function():
     # Keras 3.7 on: TensorFlowTrainer._make_function compiles the function that *contains*
     # strategy.run, one XLA cluster for every replica.
-    cls = tf_trainer().TensorFlowTrainer
+    cls = TF_TRAINER.get()
     cls._make_function = _without_xla_across_replicas(cls._make_function)
