@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-matrix test-oldest lint demo docs bench clean
+.PHONY: install test test-matrix test-oldest test-next lint demo docs bench clean
 
 $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ test-matrix: $(STAMP)
 # The scenarios on the oldest pair only (CI runs this after `make test` on the newest).
 test-oldest: $(STAMP)
 	$(VENV)/bin/nox -s oldest $(NOX_ARGS)
+
+# The next Keras (tfdist.releases.NEXT_RELEASE): the scenarios on keras-nightly with the newest
+# TensorFlow and with tf-nightly, then the table with their columns. KERAS_NIGHTLY=<version> or
+# latest tries another build; TF_NIGHTLY= (empty) skips the tf-nightly run.
+test-next: $(STAMP)
+	$(VENV)/bin/nox -s next $(NOX_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

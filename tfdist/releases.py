@@ -109,13 +109,13 @@ class NextRelease:
     def name(self) -> str:
         return f"next-tf{self.tensorflow}-keras{self.nightly}"
 
-    def pins(self, nightly: str = "") -> list:
-        """uv/pip requirements of this TensorFlow with keras-nightly (`nightly`: another build).
+    def pins(self) -> list:
+        """uv/pip requirements of this TensorFlow with the keras-nightly build.
 
         keras-nightly writes the package `keras` that TensorFlow requires by the release's
         name: install these without that requirement (noxfile.py drops it with an override).
         """
-        return [f"tensorflow=={self.tensorflow}", f"keras-nightly=={nightly or self.nightly}",
+        return [f"tensorflow=={self.tensorflow}", f"keras-nightly=={self.nightly}",
                 f"tf-keras=={self.tf_keras}"]  # fmt: skip
 
 

@@ -3,7 +3,8 @@
 Reads the JSON files `pytest --scenario-report` wrote (one per pair, see noxfile.py). A cell is
 "pass" when every test of that scenario passed on that pair, "FAIL n/m" when some failed,
 "skip" when all were skipped, and "-" when the pair was not run, or ran before the scenario
-existed.
+existed. The next Keras's runs (`make test-next`, files "next-<pair>.json") come after the
+matrix's pairs, as columns "next tf<version> keras<nightly>".
 """
 
 import json
@@ -21,6 +22,15 @@ def _cell(outcomes: dict) -> str:
     if values and all(v == "skipped" for v in values):
         return "skip"
     return "pass"
+
+
+NEXT_PREFIX = "next-"
+
+
+def columns(results_dir, pairs) -> list:
+    """`pairs`, then every run of the next Keras found in `results_dir`, by name."""
+    found = sorted(p.stem for p in pathlib.Path(results_dir).glob(f"{NEXT_PREFIX}*.json"))
+    return list(pairs) + [name for name in found if name not in pairs]
 
 
 def render(results_dir, pairs) -> str:
@@ -56,4 +66,5 @@ if __name__ == "__main__":
     sys.path.insert(0, str(pathlib.Path(__file__).parents[2]))
     from tfdist.releases import MATRIX
 
-    print(render(sys.argv[1] if len(sys.argv) > 1 else ".nox/results", [r.name for r in MATRIX]))
+    results = sys.argv[1] if len(sys.argv) > 1 else ".nox/results"
+    print(render(results, columns(results, [r.name for r in MATRIX])))
