@@ -74,7 +74,7 @@ MULTI_WORKER_STEPS_PER_EXECUTION = Fix(
 )
 def _fix_multi_worker_steps_per_execution():
     # keras-team/keras#19246 ("You must feed a value for placeholder tensor"). With
-    # steps_per_execution > 1, TensorFlowTrainer._make_function
+    # steps_per_execution > 1, the TensorFlow trainer's _make_function
     # (keras/src/backend/tensorflow/trainer.py) runs the step, itself a tf.function holding
     # collective all-reduces, inside tf.cond inside tf.while_loop. Under multi_worker_mirrored
     # TensorFlow cannot feed that nested function's collective keys: "You must feed a value for

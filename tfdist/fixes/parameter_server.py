@@ -329,7 +329,7 @@ def _sharded_trainable_by_initializer():
 def _fix_ps_sharded_trainable_variables():
     # With a variable_partitioner, ParameterServerStrategy makes a ShardedVariable for a large
     # weight (an Embedding table) and Keras 3 wraps it in one Keras variable
-    # (keras/src/backend/tensorflow/core.py: Variable._initialize). Keras 3 knows nothing of
+    # (keras/src/backend/tensorflow/[ops/]core.py: Variable._initialize). Keras 3 knows nothing of
     # ShardedVariable (keras-team/keras#18624): the forward pass works (the shards are
     # concatenated), but train_step's tape.gradient asks for `Variable.handle` ->
     # "'ShardedVariable' object has no attribute 'handle'", and the optimizer would place that
@@ -388,7 +388,7 @@ def _fix_ps_sharded_checkpoint():
     # tf.train.Checkpoint of a Keras 3 model with a sharded weight fails in
     # tensorflow/python/checkpoint/functional_saver.py MultiDeviceSaver.__init__ with
     # "'ShardedVariable' object has no attribute 'device'": Keras 3's
-    # Variable._serialize_to_tensors (keras/src/backend/tensorflow/core.py) falls back to
+    # Variable._serialize_to_tensors (keras/src/backend/tensorflow/[ops/]core.py) falls back to
     # {"VARIABLE_VALUE": <ShardedVariable>} because ShardedVariable only has the legacy
     # saveables API. The fix saves the whole logical tensor (the shards concatenated), the same
     # entry an unsharded variable writes, and restores by assigning it to the ShardedVariable

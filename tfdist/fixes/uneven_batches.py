@@ -52,7 +52,7 @@ _LOSS_SCALE = "keras.src.optimizers.loss_scale_optimizer:LossScaleOptimizer"
     ],
 )
 def _fix_uneven_batches():
-    # No upstream issue found. TensorFlowTrainer.train_step (keras/src/backend/tensorflow/
+    # No upstream issue found. The TensorFlow trainer's train_step (keras/src/backend/tensorflow/
     # trainer.py) differentiates the replica's mean loss over its own examples, scaled by
     # 1 / num_replicas (Keras >= 3.8, or tfdist's loss_scaled_for_replicas), and the optimizer
     # sums the gradients over the replicas. With n_r examples on replica r of N in all, the

@@ -35,9 +35,10 @@ _BUILD_TARGETS = [
 
 def _patch_symbolic_build(batches_of):
     # keras-team/keras#20585, tensorflow/tensorflow#72388 (multi_worker_mirrored), and
-    # keras-team/keras#19246 (mirrored, uneven batches). TensorFlowTrainer._maybe_symbolic_build
-    # (keras/src/backend/tensorflow/trainer.py) peeks at the first distributed batch only to
-    # learn shapes, but does so with strategy.reduce("MEAN", <whole batch>):
+    # keras-team/keras#19246 (mirrored, uneven batches). The TensorFlow trainer's
+    # _maybe_symbolic_build (keras/src/backend/tensorflow/trainer.py) peeks at the first
+    # distributed batch only to learn shapes, but does so with
+    # strategy.reduce("MEAN", <whole batch>):
     #   multi_worker_mirrored: "Attempt to convert a value (PerReplica ...) to a Tensor";
     #   mirrored, batch not divisible by the replicas: "AddN must have the same size and shape";
     #   string inputs: "Value for attr 'T' of string is not in the list of allowed values".
@@ -158,7 +159,7 @@ def _no_xla_in_make_functions():
     targets=[TF_TRAINER.target("_make_function", ("self", "step_function"))],
 )
 def _no_xla_in_make_function():
-    # Keras 3.7 on: TensorFlowTrainer._make_function compiles the function that *contains*
+    # Keras 3.7 on: the TensorFlow trainer's _make_function compiles the function that *contains*
     # strategy.run, one XLA cluster for every replica.
     cls = TF_TRAINER.get()
     cls._make_function = _without_xla_across_replicas(cls._make_function)
