@@ -41,17 +41,31 @@ def _local_examples(tf, data):
 _LOSS_SCALE = "keras.src.optimizers.loss_scale_optimizer:LossScaleOptimizer"
 
 
-@UNEVEN_BATCHES.variant(
-    "3.3",
-    targets=[
-        TF_TRAINER.target("train_step", ("self", "data")),
-        Target("keras.src.optimizers.base_optimizer:BaseOptimizer.scale_loss", ("self", "loss")),
-        Target(f"{_LOSS_SCALE}.scale_loss", ("self", "loss")),
-        BASE_TRAINER.target("get_metrics_result", ("self",)),
-        Target(f"{TRAINER}:reduce_per_replica", ("values", "strategy", "reduction")),
-    ],
-)
-def _fix_uneven_batches():
+_TARGETS = [
+    TF_TRAINER.target("train_step", ("self", "data")),
+    Target("keras.src.optimizers.base_optimizer:BaseOptimizer.scale_loss", ("self", "loss")),
+    Target(f"{_LOSS_SCALE}.scale_loss", ("self", "loss")),
+    BASE_TRAINER.target("get_metrics_result", ("self",)),
+    Target(f"{TRAINER}:reduce_per_replica", ("values", "strategy", "reduction")),
+]
+
+
+@UNEVEN_BATCHES.variant("3.3", "3.16", targets=_TARGETS)
+def _uneven_batches_traced_from_the_iterator():
+    # Keras 3.3-3.15 trace the step around iterator.get_next(): a replica's batch has a static
+    # size only when every batch has it, so every replica has the same.
+    _fix_uneven_batches(static_is_even=True)
+
+
+@UNEVEN_BATCHES.variant("3.16", targets=_TARGETS)
+def _uneven_batches_traced_from_the_batch():
+    # Keras 3.16 takes the batch eagerly with steps_per_execution=1 and traces the step for its
+    # shapes: each replica's batch has a static size there, which differs between replicas
+    # when the batch does not split evenly (4 and 3 of 7).
+    _fix_uneven_batches(static_is_even=False)
+
+
+def _fix_uneven_batches(static_is_even: bool):
     # No upstream issue found. The TensorFlow trainer's train_step (keras/src/backend/tensorflow/
     # trainer.py) differentiates the replica's mean loss over its own examples, scaled by
     # 1 / num_replicas (Keras >= 3.8, or tfdist's loss_scaled_for_replicas), and the optimizer
@@ -63,9 +77,10 @@ def _fix_uneven_batches():
     # logged loss is already weighted by n_r. And the step's logs, each replica's results
     # averaged over the replicas (a mean of means), are read from the metrics' totals and
     # counts summed over the replicas instead (reduce_per_replica, after strategy.run).
-    # Batches of a static, hence equal, size: unchanged, no all-reduce. One replica, a custom
-    # train_step, or multi_worker_mirrored (there the two all-reduces between processes cost
-    # fit half its throughput on CPUs, benchmarks/bench_uneven_batches.py): unchanged.
+    # Batches of a static size, where that means equal (`static_is_even`): unchanged, no
+    # all-reduce. One replica, a custom train_step, or multi_worker_mirrored (there the two
+    # all-reduces between processes cost fit half its throughput on CPUs,
+    # benchmarks/bench_uneven_batches.py): unchanged.
     import tensorflow as tf
     from keras.src.optimizers import base_optimizer, loss_scale_optimizer
 
@@ -78,7 +93,7 @@ def _fix_uneven_batches():
             return original_train_step(self, data)
         replicas = context.num_replicas_in_sync
         static, local = _local_examples(tf, data)
-        if replicas <= 1 or static is not None or _across_workers(tf):
+        if replicas <= 1 or (static_is_even and static is not None) or _across_workers(tf):
             return original_train_step(self, data)
         local = tf.cast(local, tf.float32)
         total = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
