@@ -196,7 +196,9 @@ def test_a_slurm_step_is_joined_without_initialize(runs):
 
 def test_without_the_dataset_fix_each_process_trains_on_a_share_of_a_share(runs):
     facts, weights = _result(runs, "no_dataset_fix")
-    assert facts["iterations"] != 24  # batches of 4 (16 / 2 / 2), uneven at the ends
+    if flavour.keras_version_tuple() < (3, 16):  # shards by element: more, uneven batches
+        assert facts["iterations"] != 24  # batches of 4 (16 / 2 / 2), uneven at the ends
+    # (Keras 3.16 rebatches instead: as many steps, each on a quarter of the global batch)
     assert (
         max(float(np.max(np.abs(w - e))) for w, e in zip(weights, _result(runs, "reference")[1]))
         > 1e-3

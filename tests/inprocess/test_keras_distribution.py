@@ -169,7 +169,12 @@ def test_mixed_precision_and_steps_per_execution():
 def test_distribute_dataset_in_one_process_returns_the_dataset():
     dataset = tf.data.Dataset.range(8).batch(4)
     data_parallel = distribution_lib.DataParallel(devices=["cpu:0", "cpu:1"])
-    assert data_parallel.distribute_dataset(dataset) is dataset
+    if hasattr(data_parallel, "distribute_dataset"):  # Keras 3.3-3.15
+        assert data_parallel.distribute_dataset(dataset) is dataset
+    else:  # Keras 3.16 shards in the TensorFlow dataset adapter
+        from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
+
+        assert TFDatasetAdapter(dataset, distribution=data_parallel)._dataset is dataset
 
 
 def test_a_mesh_of_devices_that_do_not_exist_is_refused_and_nothing_changes():

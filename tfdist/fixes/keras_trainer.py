@@ -28,12 +28,3 @@ def tf_trainer():
 
     return trainer
 
-
-def tf_trainer_class():
-    """The TensorFlow backend's trainer class (`TensorFlowTrainer`, `Trainer` from Keras 3.16)."""
-    return TF_TRAINER.get()
-
-
-def base_trainer_class():
-    """The backend-independent trainer class (`Trainer`, `BaseTrainer` from Keras 3.16)."""
-    return BASE_TRAINER.get()
