@@ -330,18 +330,16 @@ class Internal:
         Raises:
             RuntimeError: none resolves; names the paths tried and the release.
         """
-        problems = []
-        for path in self.paths:
-            try:
-                return _resolve_path(path)
-            except LookupError as err:
-                problems.append(str(err))
+        try:
+            return Place.first_of(self.name, *self.paths).get()
+        except LookupError as err:
+            problem = str(err)
         import tensorflow as tf
 
         raise RuntimeError(
             f"tfdist cannot find {self.name} ({self.used_for}) in TensorFlow {tf.__version__}: "
-            f"{'; '.join(problems)}. HINT: install a release of the tested "
-            "matrix (`tfdist env` lists it) and report this release as an issue."
+            f"{problem}. HINT: install a release of the tested matrix (`tfdist env` lists it) "
+            "and report this release as an issue."
         )
 
     def problem(self) -> Optional[str]:
