@@ -36,8 +36,8 @@ def jobs():
     names = {
         "tfdist": scenarios.MULTI_WORKER,
         "no_fixes": ["fit_evaluate_predict"],
-        "no_loop_fix": ["steps_per_execution", "progress_bar"],
         "no_mean_fix": ["fit_evaluate_predict"],
+        "no_loop_fix": ["steps_per_execution", "progress_bar", "all_reduces_per_step"],
         "tf_keras": [n for n in scenarios.MULTI_WORKER if n not in scenarios.NOT_IN_TF_KERAS],
     }
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
@@ -82,6 +82,15 @@ def test_fit_evaluate_predict_on_two_workers(jobs):
 
 
 MEAN_OF_LOGS = "Invalid reduction dimension 0 for input with 0 dimensions"
+
+
+def test_a_step_all_reduces_its_gradients_and_all_its_logs_in_two_collectives(jobs):
+    """One all-reduce for the gradients, one for the three logs (upstream: one per log), with
+    the step built by tfdist (Keras 3.7 on) and with Keras' own (the loop fix off)."""
+    for configuration in ("tfdist", "no_loop_fix"):
+        for result in both(jobs, configuration, "all_reduces_per_step"):
+            assert result["logs"] == ["loss", "mae", "mse"]
+            assert result["all_reduces"] == 2, (configuration, result)
 
 
 def test_keras_3_alone_fails_where_tfdist_works(jobs):

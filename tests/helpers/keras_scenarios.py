@@ -346,6 +346,45 @@ def fit_evaluate_predict(strategy):
     return results
 
 
+def _functions_in(function) -> list:
+    """The tf.functions a Keras train function closes over, however deep."""
+    found = []
+    for cell in function.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if hasattr(value, "_list_all_concrete_functions"):
+            found.append(value)
+        elif callable(value) and getattr(value, "__closure__", None) and value is not function:
+            found += _functions_in(value)
+    return found
+
+
+def _ops_in(concrete, op: str) -> int:
+    graph = concrete.graph.as_graph_def()
+    nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+    return sum(node.op == op for node in nodes)
+
+
+def all_reduces_per_step(strategy):
+    """fit with three logs (loss, mae, mse): the all-reduces in one traced step."""
+    k, tf_ = keras(), tf()
+    x, y = regression_data(64)
+    with strategy.scope():
+        model = k.Sequential([k.Input((4,)), k.layers.Dense(8), k.layers.Dense(1)])
+        model.compile(k.optimizers.SGD(0.01), "mse", metrics=["mae", "mse"])
+    history = model.fit(tf_.data.Dataset.from_tensor_slices((x, y)).batch(16), verbose=0)
+    return {
+        "logs": sorted(history.history),
+        "all_reduces": max(
+            _ops_in(concrete, "CollectiveReduceV2")
+            for function in _functions_in(model.train_function)
+            for concrete in function._list_all_concrete_functions()
+        ),
+    }
+
+
 def optimizer_made_outside_the_scope(strategy):
     """An optimizer created before strategy.scope() is refused with the fix."""
     k = keras()
@@ -428,8 +467,10 @@ MULTI_WORKER = [
     "steps_per_execution",
     "dropout_masks",
     "progress_bar",
+    "all_reduces_per_step",
 ]
 NOT_IN_TF_KERAS = {
+    "all_reduces_per_step",
     "gradient_accumulation",
     "optimizer_made_outside_the_scope",
     "loss_scale_disagreement",

@@ -33,19 +33,55 @@ def _fix_reduce_per_replica():
     # (keras/src/backend/tensorflow/trainer.py) averages the per-replica step logs under
     # multi_worker_mirrored with strategy.reduce("MEAN", v, axis=0), but the logs are scalars:
     # "Invalid reduction dimension 0 for input with 0 dimensions". The element-wise mean over
-    # all replicas of all workers is strategy.reduce("MEAN", v, axis=None). Other strategies
-    # and reductions go to the original function.
-    from keras.src import tree
-
+    # all replicas of all workers is strategy.reduce("MEAN", v, axis=None). Upstream would
+    # reduce each log on its own, one all-reduce between the processes per log per step, and
+    # an all-reduce costs about as much as a small model's whole step there; tfdist averages
+    # all logs of one dtype in one all-reduce (`mean_over_replicas`). Other strategies and
+    # reductions go to the original function.
     trainer = tf_trainer()
     original = trainer.reduce_per_replica
 
     def reduce_per_replica(values, strategy, reduction):
         if reduction in ("auto", "mean") and trainer._collective_all_reduce_multi_worker(strategy):
-            return tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
+            return mean_over_replicas(values, strategy)
         return original(values, strategy, reduction)
 
     trainer.reduce_per_replica = reduce_per_replica  # looked up when the step is traced
+
+
+def mean_over_replicas(values, strategy):
+    """The element-wise mean over all replicas of each distributed value in `values`.
+
+    The values of one dtype (and known shape) go in one all-reduce: they are flattened and
+    joined on each replica, averaged, then split back. Values that are not distributed (the
+    same on every replica) are returned as they are.
+    """
+    import tensorflow as tf
+    from keras.src import tree
+
+    flat = tree.flatten(values)
+    groups = {}
+    for index, value in enumerate(flat):
+        if not isinstance(value, tf.distribute.DistributedValues):
+            continue
+        local = strategy.experimental_local_results(value)[0]
+        key = (local.dtype, local.shape.is_fully_defined())
+        groups.setdefault(key, []).append((index, local.shape))
+    result = list(flat)
+    for (_, known), members in groups.items():
+        if len(members) == 1 or not known:
+            for index, _ in members:
+                result[index] = strategy.reduce("MEAN", flat[index], axis=None)
+            continue
+        joined = strategy.run(
+            lambda *parts: tf.concat([tf.reshape(part, [-1]) for part in parts], axis=0),
+            args=tuple(flat[index] for index, _ in members),
+        )
+        mean = strategy.reduce("MEAN", joined, axis=None)
+        pieces = tf.split(mean, [shape.num_elements() for _, shape in members])
+        for (index, shape), piece in zip(members, pieces):
+            result[index] = tf.reshape(piece, shape)
+    return tree.pack_sequence_as(values, result)
 
 
 MULTI_WORKER_STEPS_PER_EXECUTION = Fix(
@@ -86,7 +122,10 @@ def _fix_multi_worker_steps_per_execution():
     # carries the worker's own logs through the loop and averages the last ones once: the
     # same values, with steps_per_execution - 1 fewer collectives per call. (With several
     # local replicas the logs are PerReplica values; they are averaged every step, as
-    # upstream.)
+    # upstream.) With steps_per_execution=1 (compile's default) the step is built the same
+    # way, without the loop: upstream's nested tf.function, Optional wrapping and the eager
+    # has_value / get_value that follow it cost about a tenth of a small model's step between
+    # processes (benchmarks/bench_fit_step.py); jit_compile keeps upstream's function.
     import tensorflow as tf
 
     trainer, cls = tf_trainer(), TF_TRAINER.get()
@@ -97,7 +136,7 @@ def _fix_multi_worker_steps_per_execution():
         if (
             strategy is None
             or self.run_eagerly
-            or self.steps_per_execution == 1
+            or (self.steps_per_execution == 1 and self.jit_compile)
             or not trainer._collective_all_reduce_multi_worker(strategy)
         ):
             return original(self, step_function)
@@ -119,6 +158,8 @@ def _fix_multi_worker_steps_per_execution():
         @tf.function(reduce_retracing=True)
         def multi_step(iterator):
             outputs = local_step(iterator.get_next())  # OutOfRange ends the epoch, as upstream
+            if steps == 1:
+                return reduce(outputs) if reduce_once else outputs
 
             def keep_going(step, outputs, exhausted):
                 return tf.logical_and(step < steps, tf.logical_not(exhausted))

@@ -1,0 +1,195 @@
+"""The fixed cost of a Keras `fit` step under multi_worker_mirrored and mirrored.
+
+One job (2 processes on loopback for multi_worker_mirrored; one process on 2 virtual CPUs for
+mirrored) trains the same MLP (32 -> width -> width -> 10, global batch 64, SGD) in four
+variants that take turns, round after round, each for `steps` steps per round:
+
+- fit: Keras 3 `model.fit(steps_per_epoch=steps, verbose=0)` with an accuracy metric, on a
+  strategy from `tfdist.make_strategy` (tfdist's fixes on): what a user runs.
+- train function: the same model's compiled `model.train_function`, called `steps` times on
+  one distributed iterator: Keras' step without fit's loop and callbacks.
+- loop + loss: a hand-written step (`strategy.run` of a GradientTape step and
+  `apply_gradients`, one `tf.function` call per step) that also all-reduces the loss each step
+  (`strategy.reduce`), as the tf.distribute tutorials do.
+- gradients only: the same hand-written step without the loss all-reduce: the least a
+  synchronous step can do, the reference of every ratio.
+
+Rows: steps/s of fit, and of the train function, against the gradients-only loop, medians over
+rounds (each round runs all four within seconds of each other, in a rotating order), for a
+small model (width 64: the step is mostly fixed cost) and a wide one (width 1,024).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+VARIANTS = ("fit", "train_function", "loop_and_loss", "gradients_only")
+DEFAULT = dict(steps=240, rounds=7, widths=(64, 1024), global_batch=64, timeout=900)
+QUICK = dict(DEFAULT, steps=60, rounds=3, widths=(64,), timeout=600)
+TARGET = 0.9  # fit / gradients-only loop
+
+
+def measure(strategy_name: str, width: int, cfg: dict) -> dict:
+    """In each process of the job: {variant: [steps/s per round]}."""
+    import tfdist
+
+    if strategy_name == "mirrored":
+        tfdist.virtual_cpus(2)
+    strategy = tfdist.make_strategy(strategy_name)
+    import keras
+    import tensorflow as tf
+
+    runs = _variants(tf, keras, strategy, width, cfg)
+    for run in runs.values():  # warm-up: tracing
+        run()
+    rates = {name: [] for name in VARIANTS}
+    for round_ in range(cfg["rounds"]):
+        order = VARIANTS[round_ % len(VARIANTS) :] + VARIANTS[: round_ % len(VARIANTS)]
+        for name in order:
+            started = time.perf_counter()
+            runs[name]()
+            rates[name].append(cfg["steps"] / (time.perf_counter() - started))
+    return rates
+
+
+def _dataset(tf, batch: int):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch * 16, 32)).astype("float32")
+    y = rng.integers(0, 10, batch * 16).astype("int64")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return data.cache().repeat().with_options(options)
+
+
+def _variants(tf, keras, strategy, width: int, cfg: dict) -> dict:
+    """{variant: a function that runs `steps` steps of it}."""
+    batch, steps = cfg["global_batch"], cfg["steps"]
+    data = _dataset(tf, batch)
+
+    def model():
+        return keras.Sequential(
+            [
+                keras.Input((32,)),
+                keras.layers.Dense(width, activation="relu"),
+                keras.layers.Dense(width, activation="relu"),
+                keras.layers.Dense(10),
+            ]
+        )
+
+    with strategy.scope():
+        fitted = model()
+        fitted.compile(
+            keras.optimizers.SGD(0.01),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+        looped, optimizer = model(), keras.optimizers.SGD(0.01)
+        optimizer.build(looped.trainable_variables)
+    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            predictions = looped(x, training=True)
+            loss = tf.nn.compute_average_loss(per_example(y, predictions), global_batch_size=batch)
+        gradients = tape.gradient(loss, looped.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, looped.trainable_variables))
+        return loss
+
+    @tf.function
+    def gradients_only(iterator):
+        strategy.run(step, args=next(iterator))
+
+    @tf.function
+    def loop_and_loss(iterator):
+        return strategy.reduce("SUM", strategy.run(step, args=next(iterator)), axis=None)
+
+    iterator = iter(strategy.experimental_distribute_dataset(data))
+    fitted.fit(data, epochs=1, steps_per_epoch=2, verbose=0)  # traces the train function
+    function_iterator = iter(strategy.experimental_distribute_dataset(data))
+
+    def run_fit():
+        fitted.fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
+
+    def run_train_function():
+        for _ in range(steps):
+            logs = fitted.train_function(function_iterator)
+        float(logs["loss"])
+
+    def run_loop(function):
+        def run():
+            for _ in range(steps):
+                result = function(iterator)
+            if result is not None:
+                float(result)
+            float(looped.trainable_variables[0][0, 0])
+
+        return run
+
+    return {
+        "fit": run_fit,
+        "train_function": run_train_function,
+        "loop_and_loss": run_loop(loop_and_loss),
+        "gradients_only": run_loop(gradients_only),
+    }
+
+
+def _rows(strategy_name: str, width: int, rates: dict) -> list:
+    where = "2 workers" if strategy_name == "multi_worker_mirrored" else "2 vCPU"
+    scenario = f"{strategy_name} {where}, MLP width {width}"
+    reference = rates["gradients_only"]
+    rows = [
+        common.row(
+            f"{scenario}: fit",
+            rates["fit"],
+            reference,
+            "gradients-only loop",
+            "steps/s",
+            target=TARGET,
+        )
+    ]
+    for name in ("train_function", "loop_and_loss"):
+        rows.append(
+            common.row(
+                f"{scenario}: {name.replace('_', ' ')}",
+                rates[name],
+                reference,
+                "gradients-only loop",
+                "steps/s",
+            )
+        )
+    return rows
+
+
+def run(quick: bool = False) -> list:
+    cfg = QUICK if quick else DEFAULT
+    rows = []
+    for strategy_name, workers in (("multi_worker_mirrored", 2), ("mirrored", 1)):
+        for width in cfg["widths"]:
+            try:
+                results = common.run_fresh(
+                    measure,
+                    workers=workers,
+                    args=(strategy_name, width, cfg),
+                    timeout=cfg["timeout"],
+                )
+            except Exception as err:  # one failed job is a FAILED row, the others still run
+                rows.append(common.error_row(f"{strategy_name}, width {width}", str(err)))
+                continue
+            rates = results[0]  # worker 0; every step is synchronous between the workers
+            rows += _rows(strategy_name, width, rates)
+            medians = {name: round(statistics.median(v), 1) for name, v in rates.items()}
+            print(f"{strategy_name} width {width}: {medians}", flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    common.print_table(run(quick="--quick" in sys.argv))
