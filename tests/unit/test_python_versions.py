@@ -38,8 +38,7 @@ def test_the_readme_states_each_pairs_python_versions():
         for line in block.strip().splitlines()[2:]
     ]
     assert rows == [
-        [r.tensorflow, r.keras, r.tf_keras, r.python.replace("-", " to ")]
-        for r in releases.MATRIX
+        [r.tensorflow, r.keras, r.tf_keras, r.python.replace("-", " to ")] for r in releases.MATRIX
     ]
 
 
