@@ -30,16 +30,29 @@ def test_python_requires_states_the_floor():
     assert config["options"]["python_requires"].strip() == f">={floor}"
 
 
+def _table_rows(text):
+    """The cells of a Markdown table's rows, under its header."""
+    lines = [line for line in text.strip().splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines[2:]]
+
+
+def _expected_rows():
+    return [
+        [r.tensorflow, r.keras, r.tf_keras, r.python.replace("-", " to ")] for r in releases.MATRIX
+    ]
+
+
 def test_the_readme_states_each_pairs_python_versions():
     text = (ROOT / "README.md").read_text()
     block = text.split("<!-- python table: tfdist/releases.py -->")[1].split("<!-- end")[0]
-    rows = [
-        [cell.strip() for cell in line.strip().strip("|").split("|")]
-        for line in block.strip().splitlines()[2:]
-    ]
-    assert rows == [
-        [r.tensorflow, r.keras, r.tf_keras, r.python.replace("-", " to ")] for r in releases.MATRIX
-    ]
+    assert _table_rows(block) == _expected_rows()
+
+
+def test_the_releases_page_states_each_pairs_python_versions():
+    text = (ROOT / "docs" / "releases.md").read_text()
+    block = text.split("## The tested matrix")[1].split("\n\n")[1]
+    assert block.startswith("| TensorFlow | Keras 3 | tf_keras | Python |")
+    assert _table_rows(block) == _expected_rows()
 
 
 def test_a_supported_python_passes():
