@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-matrix test-oldest test-next lint demo docs bench clean
+.PHONY: install test test-matrix test-oldest test-next lint demo docs bench wheel-smoke clean
 
 $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -49,5 +49,23 @@ docs: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
+# The wheel as a user installs it into a project of their own: built from this checkout, put
+# with its examples extra into a fresh virtualenv (uv, from its cache of wheels: no editable
+# install, no test extras), then examples/train.py run with that virtualenv's `tfdist launch`
+# as a 2-worker job, from outside the checkout, so that the installed tfdist is the one used.
+SMOKE ?= build/wheel-smoke
+
+wheel-smoke: $(STAMP)
+	rm -rf dist $(SMOKE)
+	$(VENV)/bin/uv build --quiet --wheel --out-dir dist .
+	$(VENV)/bin/uv venv --quiet --python $(PYTHON) $(SMOKE)
+	$(VENV)/bin/uv pip install --quiet --python $(SMOKE)/bin/python \
+		"$$(ls dist/tfdist-*-py3-none-any.whl)[examples]"
+	$(SMOKE)/bin/python -m compileall -q -j0 $(SMOKE)/lib > /dev/null  # once, not in each task
+	cd $(SMOKE) && bin/python -c "import tfdist; print('tfdist', tfdist.__version__, \
+		'from', tfdist.__file__); assert 'site-packages' in tfdist.__file__"
+	cd $(SMOKE) && ! bin/python -c "import pytest" 2>/dev/null  # no test extras
+	cd $(SMOKE) && bin/tfdist launch --workers 2 $(CURDIR)/examples/train.py --epochs 2
+
 clean:
-	rm -rf $(VENV) .nox build *.egg-info
+	rm -rf $(VENV) .nox build dist *.egg-info

@@ -6,7 +6,7 @@ The same script runs unchanged everywhere; only the environment differs:
     tfdist launch --workers 2 examples/train.py           # multi_worker_mirrored, 2 processes
     tfdist launch --workers 2 --ps 1 examples/train.py    # parameter_server (chief trains)
     srun python examples/train.py                         # SLURM (examples/slurm/)
-    # Kubernetes TFJob: TF_CONFIG per replica              (examples/kubernetes/)
+    # Kubernetes: an Indexed Job or a JobSet, TF_CONFIG per pod (examples/kubernetes/)
 
 With --backup_dir, tfdist.BackupAndRestore backs training up there after every epoch and,
 on SIGTERM to any task, stops every worker after the same step, saves, and exits with code

@@ -10,6 +10,8 @@
 
 What `import tfdist` does, and all it does:
 
+- It checks the running Python (`tfdist.releases.check_python`): on one older than every tested
+  TensorFlow / Keras pair installs on, it raises an ImportError that says which to use.
 - It imports `tfdist.cluster` (`ClusterSpec`, `ClusterConfigError`, `detect_cluster`, with
   `tfdist.errors` and `tfdist.settings`) and `tfdist.keras_distribution.hook`: pure Python and
   the standard library. It imports neither TensorFlow nor Keras, so TensorFlow's runtime is not
@@ -33,8 +35,12 @@ Every task that `tfdist launch` starts imports tfdist at Python start-up, so the
 place there even for a script that never imports tfdist.
 """
 
-from tfdist.cluster import ClusterConfigError, ClusterSpec, detect_cluster
-from tfdist.keras_distribution import hook as _keras_distribution_hook
+from tfdist.releases import check_python as _check_python
+
+_check_python()  # first: on a Python tfdist cannot serve, this is the error to see
+
+from tfdist.cluster import ClusterConfigError, ClusterSpec, detect_cluster  # noqa: E402
+from tfdist.keras_distribution import hook as _keras_distribution_hook  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -41,7 +41,7 @@ def keras():
         except ImportError:
             raise ImportError(
                 "TF_USE_LEGACY_KERAS=1 selects tf_keras, which is not installed. HINT: "
-                "pip install 'tfdist[legacy]' (or pip install tf_keras), or unset "
+                "pip install tf_keras (or tfdist with its `legacy` extra), or unset "
                 "TF_USE_LEGACY_KERAS to use Keras 3."
             ) from None
         return tf_keras

@@ -13,6 +13,7 @@ Nothing here imports TensorFlow. A leaf: imports no other tfdist module.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import warnings
 from typing import Tuple
 
@@ -44,11 +45,27 @@ def _text(version: Version) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Release:
-    """One tested set of releases: TensorFlow, Keras 3, and tf_keras of the same TF minor."""
+    """One tested set of releases: TensorFlow, Keras 3, and tf_keras of the same TF minor.
+
+    Attributes:
+        tensorflow: str. The TensorFlow release.
+        keras: str. The Keras 3 release.
+        tf_keras: str. The tf_keras release of that TensorFlow minor.
+        python: str. The Python versions the three together install on, "3.9-3.12": the
+            narrowest of TensorFlow's wheels (cp39 to cp312 for 2.16) and the Requires-Python
+            of Keras and tf_keras (Keras 3.15: >=3.11).
+    """
 
     tensorflow: str
     keras: str
     tf_keras: str
+    python: str = ""
+
+    @property
+    def python_range(self) -> Tuple[Version, Version]:
+        """The oldest and newest Python minor of `python`: "3.9-3.12" -> ((3, 9), (3, 12))."""
+        oldest, _, newest = self.python.partition("-")
+        return parse_version(oldest)[:2], parse_version(newest or oldest)[:2]
 
     @property
     def name(self) -> str:
@@ -61,16 +78,50 @@ class Release:
 
 
 # The tested matrix: oldest first; the last pair is the newest Keras on the oldest TensorFlow.
+# Python: TensorFlow ships wheels for 3.9-3.12 (2.16-2.19), 3.9-3.13 (2.20), 3.10-3.13 (2.21);
+# Keras requires >=3.9 up to 3.10, >=3.10 from 3.11, >=3.11 from 3.15; tf_keras 2.21 >=3.10.
 MATRIX = (
-    Release("2.16.2", "3.3.3", "2.16.0"),
-    Release("2.17.1", "3.5.0", "2.17.0"),
-    Release("2.18.1", "3.8.0", "2.18.0"),
-    Release("2.19.1", "3.10.0", "2.19.0"),
-    Release("2.20.0", "3.11.3", "2.20.1"),
-    Release("2.21.0", "3.15.1", "2.21.0"),
-    Release("2.16.2", "3.15.1", "2.16.0"),
+    Release("2.16.2", "3.3.3", "2.16.0", "3.9-3.12"),
+    Release("2.17.1", "3.5.0", "2.17.0", "3.9-3.12"),
+    Release("2.18.1", "3.8.0", "2.18.0", "3.9-3.12"),
+    Release("2.19.1", "3.10.0", "2.19.0", "3.9-3.12"),
+    Release("2.20.0", "3.11.3", "2.20.1", "3.10-3.13"),
+    Release("2.21.0", "3.15.1", "2.21.0", "3.11-3.13"),
+    Release("2.16.2", "3.15.1", "2.16.0", "3.11-3.12"),
 )
 OLDEST, NEWEST = MATRIX[0], MATRIX[-2]
+
+# The oldest Python tfdist serves: the oldest that a pair of the matrix installs on
+# (setup.cfg's python_requires says the same; `import tfdist` refuses an older one).
+PYTHON_FLOOR = min(r.python_range[0] for r in MATRIX)
+
+
+def check_python(version_info=None) -> None:
+    """Refuses a Python older than every pair of the matrix installs on.
+
+    `import tfdist` calls it first. pip does not install tfdist there (python_requires), but a
+    checkout on the path, or a virtualenv made with another Python, would otherwise fail later
+    and less clearly.
+
+    Args:
+        version_info: the running Python's `sys.version_info` (the default), or a tuple.
+
+    Raises:
+        ImportError: when `version_info` is older than PYTHON_FLOOR; the message names the
+            running Python and the versions to use.
+    """
+    running = tuple(sys.version_info if version_info is None else version_info)[:3]
+    if running[:2] >= PYTHON_FLOOR:
+        return
+    newest = NEWEST.python_range
+    raise ImportError(
+        f"tfdist needs Python {_text(PYTHON_FLOOR)} or newer: TensorFlow "
+        f"{_text(parse_version(OLDEST.tensorflow)[:2])}, the oldest release it supports, "
+        f"ships for Python {OLDEST.python}. Received: Python {_text(running)} "
+        f"({sys.executable}). HINT: make the virtualenv with a newer Python, e.g. "
+        f"`python3.{newest[0][1]} -m venv .venv`; the newest pair (TensorFlow "
+        f"{NEWEST.tensorflow}, Keras {NEWEST.keras}) needs Python {NEWEST.python}."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
