@@ -27,4 +27,3 @@ def tf_trainer():
     from keras.src.backend.tensorflow import trainer
 
     return trainer
-

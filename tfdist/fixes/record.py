@@ -5,8 +5,8 @@ upstream when it is not applied, and one `Variant` per range of releases whose i
 knows: Keras releases, or TensorFlow releases for a fix of a TensorFlow internal
 (`library="tensorflow"`). A variant lists its `Target`s (module and attribute paths, with the
 parameters the patch relies on). Applying a fix first picks the variant for this release and
-checks that every target exists and has the expected shape; a target that is missing or changed skips the
-fix with one warning, it never raises into `make_strategy`.
+checks that every target exists and has the expected shape; a target that is missing or
+changed skips the fix with one warning, it never raises into `make_strategy`.
 
 A `Place` is an internal found by what it is rather than by one path, where a release is likely
 to rename or move it (the TensorFlow backend's trainer class, whatever its name; a backend op
