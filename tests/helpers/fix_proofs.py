@@ -173,6 +173,68 @@ def _uneven_split_as_one_device(result) -> Optional[str]:
     return None
 
 
+def guide_custom_steps(strategy):
+    """The custom train_step and test_step of the Keras guide "Customizing what happens in
+    fit()" (the loss metric updated with compute_loss's value): what evaluate and one step of
+    fit log, from the same weights, under the strategy and on one device. (Both read the loss
+    before any update, so the proof does not depend on how the step trains.)"""
+    tf, k = _tf(), _keras()
+
+    class GuideModel(k.Model):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(y=y, y_pred=y_pred)
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply(gradients, self.trainable_variables)
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+                else:
+                    metric.update_state(y, y_pred)
+            return {m.name: m.result() for m in self.metrics}
+
+        def test_step(self, data):
+            x, y = data
+            y_pred = self(x, training=False)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+            for metric in self.metrics:
+                if metric.name != "loss":
+                    metric.update_state(y, y_pred)
+                else:
+                    metric.update_state(loss)
+            return {m.name: m.result() for m in self.metrics}
+
+    x, y = scenarios.regression_data(64)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    initial = [np.full([4, 1], 0.1, "float32"), np.zeros([1], "float32")]
+    results = {}
+    for name, s in (("strategy", strategy), ("one_device", _one_device())):
+        with s.scope():
+            inputs = k.Input((4,))
+            model = GuideModel(inputs, k.layers.Dense(1)(inputs))
+            model.set_weights(initial)
+            model.compile(optimizer=k.optimizers.SGD(0.1), loss="mse", metrics=["mae"])
+        evaluated = model.evaluate(data, verbose=0, return_dict=True)
+        history = model.fit(data.take(1), epochs=1, verbose=0)
+        results[name] = {
+            **{f"evaluate {key}": evaluated[key] for key in ("loss", "mae")},
+            **{f"fit {key}": history.history[key][0] for key in ("loss", "mae")},
+        }
+    return results
+
+
+def _guide_steps_log_one_device_values(result) -> Optional[str]:
+    strategy, one = result["strategy"], result["one_device"]
+    if not one["fit loss"] > 0.01:
+        return f"no loss to compare: {result}"
+    wrong = {key: (strategy[key], one[key]) for key in one if not _close(strategy[key], one[key])}
+    if wrong:
+        return f"the custom steps log other values than one device (strategy, one device): {wrong}"
+    return None
+
+
 def optimizer_outside_the_scope(strategy):
     """An optimizer made before strategy.scope(): refused by tfdist, with where to create it."""
     try:
@@ -580,6 +642,14 @@ _PROOFS = [
         "fit on 4 replicas reaches one-device training's weights (upstream: 4 times the step)",
         scenarios.matches_one_device,
         _one(_trains_as_one_device),
+    ),
+    Proof(
+        "custom_step_logs_the_unscaled_loss",
+        MIRRORED,
+        "the Keras guide's custom train_step / test_step on 4 replicas log one device's loss "
+        "(upstream: the loss divided by 4)",
+        guide_custom_steps,
+        _one(_guide_steps_log_one_device_values),
     ),
     Proof(
         "uneven_batches_weighted_by_examples",

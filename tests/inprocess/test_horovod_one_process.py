@@ -36,7 +36,8 @@ def test_one_process_collectives_return_their_input_scaled():
     np.testing.assert_array_equal(hvd.allgather(tf.reshape(x, [2, 1])), [[1.0], [2.0]])
     np.testing.assert_array_equal(hvd.broadcast(x, root_rank=0), [1.0, 2.0])
     assert hvd.broadcast_object({"a": 1}) == {"a": 1}
-    received, splits = hvd.alltoall(tf.range(3))
+    np.testing.assert_array_equal(hvd.alltoall(tf.range(3)), [0, 1, 2])
+    received, splits = hvd.alltoall(tf.range(3), splits=[3])
     np.testing.assert_array_equal(received, [0, 1, 2])
     np.testing.assert_array_equal(splits, [3])
     assert int(hvd.join()) == 0

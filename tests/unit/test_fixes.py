@@ -88,6 +88,15 @@ def test_a_fix_for_a_bug_fixed_upstream_is_not_applied_there():
     assert state == NOT_NEEDED and reason == "fixed upstream in Keras 3.9"
 
 
+def test_a_tensorflow_fix_names_tensorflow_releases():
+    fix = Fix("f", "s", "none found", ("mirrored",), "c", library="tensorflow", fixed_in="2.30")
+    fix.variant("2.16", targets=["os:path"])(lambda: None)
+    assert fix.check((2, 21, 0))[1] == "variant for TensorFlow >=2.16"
+    assert fix.check((2, 30, 0))[1] == "fixed upstream in TensorFlow 2.30"
+    assert fix.select((2, 15, 0))[1] == "the bug is not in releases before TensorFlow 2.16"
+    assert [f.name for f in fixes.FIXES.values() if f.library == "tensorflow"]
+
+
 def test_a_newest_variant_declared_with_an_end_is_tried_on_newer_releases():
     fix = Fix("f", "s", "none found", ("mirrored",), "c")
     fix.variant("3.3", "3.10", targets=["os:path"])(lambda: None)

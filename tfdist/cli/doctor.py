@@ -14,7 +14,8 @@ from tfdist import settings
 from tfdist.cli.arguments import seconds
 from tfdist.cli.environment import environment_report, print_report
 
-# The doctor's scenarios (tfdist/launcher/smoke_job.py) and the fixes each one exercises.
+# The doctor's scenarios (tfdist/launcher/smoke_job.py), in the order it runs them, and the fixes
+# each one exercises. What the doctor says it runs (its header, the README) is made from this.
 SCENARIO_FIXES = {
     "fit_on_a_dataset": (
         "symbolic_build_from_a_local_batch",
@@ -24,6 +25,20 @@ SCENARIO_FIXES = {
     "checkpoints_and_backup": ("multi_worker_checkpoint_callbacks",),
     "dropout_masks_per_worker": ("different_random_draws_per_replica",),
 }
+
+
+def smoke_test_header() -> str:
+    """The line that says what the smoke test runs, from SCENARIO_FIXES."""
+    fixes = {fix for covered in SCENARIO_FIXES.values() for fix in covered}
+    return (
+        "-- smoke test: 2 workers on loopback (all-reduce, a 3-step fit, then "
+        f"{len(SCENARIO_FIXES)} multi-worker scenarios that exercise {len(fixes)} of the fixes)"
+    )
+
+
+def scenario_line(scenario: str, outcome: str) -> str:
+    """The doctor's line for one scenario's outcome ("ok" or "FAILED ...")."""
+    return f"{'ok' if outcome == 'ok' else 'FAILED':8} scenario {scenario}"
 
 
 def add_commands(sub) -> None:
@@ -131,10 +146,7 @@ def doctor_command(args) -> int:
         problems.append(f"The detected cluster is invalid: {report['cluster']['error']}")
     for problem in problems:
         print(f"PROBLEM  {problem}")
-    print(
-        "-- smoke test: 2 workers on loopback (all-reduce, a 3-step fit, then the scenarios "
-        "that exercise the fixes)"
-    )
+    print(smoke_test_header())
     started = time.monotonic()
     result = _smoke_job(args.timeout)
     failures = smoke_verdict(result)
@@ -143,7 +155,7 @@ def doctor_command(args) -> int:
     took = time.monotonic() - started
     chief = result.tasks.get("worker:0")
     for scenario, outcome in scenario_outcomes(chief.output if chief else []).items():
-        print(f"{'ok' if outcome == 'ok' else 'FAILED':8} scenario {scenario}")
+        print(scenario_line(scenario, outcome))
     if not failures:
         print(f"OK       2 workers met, all-reduced 1 + 2 = 3 and trained 3 steps ({took:.1f} s)")
     verdict = (

@@ -1,11 +1,12 @@
 """What a fix of a Keras or TensorFlow internal is: a record that is checked before it is applied.
 
 A `Fix` names the upstream bug it works around, the strategies it concerns, what behaves as
-upstream when it is not applied, and one `Variant` per range of Keras releases whose internals
-it knows. A variant lists its `Target`s (module and attribute paths, with the parameters the
-patch relies on). Applying a fix first picks the variant for this Keras release and checks that
-every target exists and has the expected shape; a target that is missing or changed skips the
-fix with one warning, it never raises into `make_strategy`.
+upstream when it is not applied, and one `Variant` per range of releases whose internals it
+knows: Keras releases, or TensorFlow releases for a fix of a TensorFlow internal
+(`library="tensorflow"`). A variant lists its `Target`s (module and attribute paths, with the
+parameters the patch relies on). Applying a fix first picks the variant for this release and
+checks that every target exists and has the expected shape; a target that is missing or
+changed skips the fix with one warning, it never raises into `make_strategy`.
 
 A `Place` is an internal found by what it is rather than by one path, where a release is likely
 to rename or move it (the TensorFlow backend's trainer class, whatever its name; a backend op
@@ -267,7 +268,7 @@ class Fix:
     def select(self, version: Version) -> Tuple[Optional[Variant], str]:
         """(variant, "") for `version`, or (None, why no variant is needed)."""
         if self.fixed_in and version[:2] >= parse_version(self.fixed_in)[:2]:
-            return None, f"fixed upstream in Keras {self.fixed_in}"
+            return None, f"fixed upstream in {self.library_name} {self.fixed_in}"
         for variant in self.variants:
             if variant.covers(version):
                 return variant, ""
@@ -278,7 +279,8 @@ class Fix:
         oldest = min(v.since for v in self.variants)
         if version[:2] < oldest:
             return None, self.absent_before or (
-                f"the bug is not in releases before Keras {'.'.join(map(str, oldest))}"
+                f"the bug is not in releases before {self.library_name} "
+                f"{'.'.join(map(str, oldest))}"
             )
         return None, "no form of this fix for this release"
 
@@ -290,7 +292,12 @@ class Fix:
         problems = [p for p in (t.problem() for t in variant.targets) if p]
         if problems:
             return SKIPPED, "; ".join(problems), variant
-        return APPLIED, f"variant for Keras {variant.releases}", variant
+        return APPLIED, f"variant for {self.library_name} {variant.releases}", variant
+
+    @property
+    def library_name(self) -> str:
+        """The library whose release picks the variant: "Keras" or "TensorFlow"."""
+        return "TensorFlow" if self.library == "tensorflow" else "Keras"
 
     @property
     def releases(self) -> str:

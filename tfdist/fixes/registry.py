@@ -193,7 +193,7 @@ def markdown_table() -> str:
     ]
     for fix in FIXES.values():
         strategies = ", ".join(fix.strategies)
-        library = "TensorFlow" if fix.library == "tensorflow" else "Keras"
+        library = fix.library_name
         releases_ = f"{library} {fix.releases}".replace(" | ", f" \\| {library} ")
         if fix.fixed_in:
             releases_ += f" (fixed upstream in {fix.fixed_in})"

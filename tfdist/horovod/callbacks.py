@@ -59,15 +59,19 @@ def _broadcast_callback(keras):
     """`BroadcastGlobalVariablesCallback` on `keras.callbacks.Callback`."""
 
     class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-        """Makes every process start from the weights of `root_rank`."""
+        """Makes every process start from the weights of `root_rank`, except
+        `local_variables` (variables each process keeps its own of)."""
 
-        def __init__(self, root_rank: int = 0, device: str = ""):
+        def __init__(self, root_rank: int = 0, device: str = "", local_variables=None):
             super().__init__()
             self.root_rank = root_rank
+            self.local_variables = list(local_variables or ())
             self.broadcast_done = False
 
         def _broadcast(self):
-            broadcast_variables(self.model.variables, root_rank=self.root_rank)
+            local = {id(variable) for variable in self.local_variables}
+            variables = [v for v in self.model.variables if id(v) not in local]
+            broadcast_variables(variables, root_rank=self.root_rank)
             optimizer = getattr(self.model, "optimizer", None)
             if optimizer is not None:
                 variables = _optimizer_variables(optimizer)

@@ -163,9 +163,9 @@ def grouped_allreduce(
     op=None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
-    name: Optional[str] = None,
     process_set=None,
     ignore_name_scope: bool = False,
+    name: Optional[str] = None,
 ):
     """All-reduces a list of tensors (IndexedSlices included) in one fused operation.
 
@@ -384,7 +384,7 @@ def broadcast_object(
     return pickle.loads(sent.numpy().tobytes()[:length])
 
 
-def allgather_object(obj: Any, name=None, process_set=None) -> List[Any]:
+def allgather_object(obj: Any, session=None, name=None, process_set=None) -> List[Any]:
     """Every process's Python object (pickled), as a list in rank order. Eager only."""
     _eager_only("allgather_object")
     check_process_set(process_set)
@@ -407,8 +407,16 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope: bool = False, pr
     parts), and returns what every rank sent this one, concatenated in rank order.
 
     Returns:
-        (tensor, received_splits): as Horovod, the rows received and how many came from each.
+        As Horovod: without `splits`, the tensor of the rows received; with `splits`, the pair
+        (tensor, received_splits), received_splits an int32 vector of how many rows came from
+        each rank.
     """
+    received, received_splits = _alltoall(tensor, splits, process_set)
+    return received if splits is None else (received, received_splits)
+
+
+def _alltoall(tensor, splits, process_set):
+    """(rows received, int32 row count from each rank) of `alltoall`."""
     check_process_set(process_set)
     tensor = tf.convert_to_tensor(tensor)
     rt = runtime()
@@ -428,14 +436,14 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope: bool = False, pr
             f"{splits.shape}."
         )
     if size == 1:
-        return tensor, splits
+        return tensor, tf.cast(splits, tf.int32)
     table = tf.reshape(allgather(tf.reshape(splits, [1, size])), [size, size])
     everything = allgather(tensor)
     received = table[:, me]
     block_starts = tf.math.cumsum(tf.reduce_sum(table, axis=1), exclusive=True)
     starts = block_starts + tf.reduce_sum(table[:, :me], axis=1)
     indices = tf.ragged.range(starts, starts + received).flat_values
-    return tf.gather(everything, indices), received
+    return tf.gather(everything, indices), tf.cast(received, tf.int32)
 
 
 @tf.autograph.experimental.do_not_convert

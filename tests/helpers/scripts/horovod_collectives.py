@@ -95,7 +95,8 @@ send = np.concatenate([np.full([k + 1, 2], [r, k]) for k in range(n)]).astype("i
 received, received_splits = hvd.alltoall(tf.constant(send), splits=splits)
 same("alltoall rows", received, np.concatenate([np.full([r + 1, 2], [k, r]) for k in range(n)]))
 same("alltoall splits", received_splits, [r + 1] * n)
-received, _ = hvd.alltoall(tf.range(2 * n) + 100 * r)
+received = hvd.alltoall(tf.range(2 * n) + 100 * r)  # without splits: the tensor alone
+assert received.dtype == tf.int32 and received_splits.dtype == tf.int32
 same(
     "alltoall equal",
     received,

@@ -1,8 +1,9 @@
 """Fixes for replicas of one model: the plain Keras 3 idiom under mirrored (and every strategy).
 
-The sums over the replicas (`sums`: gradients, metric totals, the loss scaled for them), the
-optimizer (`optimizer`: made outside the scope, the mixed_float16 skip decided by all
-replicas, gradient accumulation), the trainer (`trainer`: the symbolic build, XLA across local
+The sums over the replicas (`sums`: gradients, metric totals, the loss scaled for them; and
+`logged_loss`: the loss a custom step logs, scaled back), the optimizer (`optimizer`: made
+outside the scope, the mixed_float16 skip decided by all replicas, gradient accumulation), the
+trainer (`trainer`: the symbolic build, XLA across local
 replicas) and random draws (`seeds`: per replica). Each is a `Fix` record (see
 tfdist/fixes/record.py): a no-op outside the strategies it concerns, with a test that fails
 without it. `FIXES` lists them in the order they are applied.
@@ -10,6 +11,7 @@ without it. `FIXES` lists them in the order they are applied.
 Nothing here imports TensorFlow or Keras at import time.
 """
 
+from tfdist.fixes.replicas.logged_loss import CUSTOM_STEP_LOSS
 from tfdist.fixes.replicas.optimizer import (
     GRADIENT_ACCUMULATION,
     LOSS_SCALE_SKIP,
@@ -23,6 +25,7 @@ FIXES = (
     GRADIENTS_SUMMED,
     METRICS_SUMMED,
     LOSS_SCALED_FOR_REPLICAS,
+    CUSTOM_STEP_LOSS,
     OPTIMIZER_OUTSIDE_SCOPE,
     LOSS_SCALE_SKIP,
     SYMBOLIC_BUILD,

@@ -37,7 +37,7 @@ from tfdist.horovod.runtime import (
     shutdown,
     size,
 )
-from tfdist.horovod.unsupported import refuse
+from tfdist.horovod.unsupported import refuse as _refuse
 
 __all__ = [
     "Adasum",
@@ -73,17 +73,28 @@ __all__ = [
 
 
 def _tensor_op(read):
-    def op():
+    def op(name=None):
         import tensorflow as tf
 
-        return tf.constant(read(), tf.int32)
+        return tf.constant(read(), tf.int32, name=name)
 
     op.__name__ = f"{read.__name__}_op"
     op.__doc__ = f"`{read.__name__}()` as an int32 tensor."
     return op
 
 
-size_op = _tensor_op(size)
+def size_op(process_set_id=0, name=None):
+    """`size()` as an int32 tensor (process set 0, every process, only)."""
+    if process_set_id != 0:
+        from tfdist.horovod.unsupported import unsupported
+
+        raise unsupported(
+            f"process sets (size_op(process_set_id={process_set_id!r}))", "process_set_id=0"
+        )
+    return _size_op(name=name)
+
+
+_size_op = _tensor_op(size)
 rank_op = _tensor_op(rank)
 local_size_op = _tensor_op(local_size)
 local_rank_op = _tensor_op(local_rank)
@@ -121,9 +132,9 @@ def _unsupported_timeline():
     )
 
 
-ProcessSet = refuse("process sets (ProcessSet)", "collectives over all the processes")
-add_process_set = refuse("process sets (add_process_set)", "collectives over all the processes")
-remove_process_set = refuse(
+ProcessSet = _refuse("process sets (ProcessSet)", "collectives over all the processes")
+add_process_set = _refuse("process sets (add_process_set)", "collectives over all the processes")
+remove_process_set = _refuse(
     "process sets (remove_process_set)", "collectives over all the processes"
 )
 global_process_set = None

@@ -6,9 +6,10 @@ collectives on values (numbers, numpy arrays, tensors). Imports TensorFlow and K
 """
 
 from tfdist.horovod import collectives as _collectives
+from tfdist.horovod import optimizer as _optimizer
 from tfdist.horovod.collectives import Adasum, Average, Max, Min, Product, Sum
 from tfdist.horovod.compression import Compression
-from tfdist.horovod.optimizer import DistributedOptimizer, distribute_optimizer_in_place
+from tfdist.horovod.optimizer import distribute_optimizer_in_place
 from tfdist.horovod.runtime import (
     cross_rank,
     cross_size,
@@ -51,6 +52,44 @@ __all__ = [
     "shutdown",
     "size",
 ]
+
+
+def DistributedOptimizer(  # noqa: N802  (Horovod's name)
+    optimizer,
+    name=None,
+    device_dense="",
+    device_sparse="",
+    compression=Compression.none,
+    sparse_as_dense=False,
+    gradient_predivide_factor=1.0,
+    op=Average,
+    backward_passes_per_step=1,
+    average_aggregated_gradients=False,
+    num_groups=0,
+    groups=None,
+    process_set=None,
+    scale_local_gradients=True,
+):
+    """`horovod.tensorflow.keras.DistributedOptimizer`: the parameters in the order of
+    Horovod's Keras function (which differs from `horovod.tensorflow`'s: no `use_locking`),
+    for scripts that pass them by position. See `tfdist.horovod.optimizer.DistributedOptimizer`.
+    """
+    return _optimizer.DistributedOptimizer(
+        optimizer,
+        name=name,
+        device_dense=device_dense,
+        device_sparse=device_sparse,
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        backward_passes_per_step=backward_passes_per_step,
+        op=op,
+        gradient_predivide_factor=gradient_predivide_factor,
+        average_aggregated_gradients=average_aggregated_gradients,
+        num_groups=num_groups,
+        groups=groups,
+        process_set=process_set,
+        scale_local_gradients=scale_local_gradients,
+    )
 
 
 def allreduce(
@@ -98,9 +137,19 @@ def broadcast_global_variables(root_rank):
     )
 
 
-def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none):
+def load_model(
+    filepath,
+    custom_optimizers=None,
+    custom_objects=None,
+    compression=Compression.none,
+    legacy_opts=False,
+):
     """Loads a Keras model whose optimizer (with its restored state) becomes a
-    DistributedOptimizer."""
+    DistributedOptimizer.
+
+    `legacy_opts` is Horovod's choice of TensorFlow 2.11's legacy optimizer classes; it has no
+    effect here: the model's optimizer is the one its file names.
+    """
     from tfdist import flavour
 
     keras = flavour.keras()
