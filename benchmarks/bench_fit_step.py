@@ -113,7 +113,8 @@ def _variants(tf, keras, strategy, width: int, cfg: dict) -> dict:
         return strategy.reduce("SUM", strategy.run(step, args=next(iterator)), axis=None)
 
     iterator = iter(strategy.experimental_distribute_dataset(data))
-    fitted.fit(data, epochs=1, steps_per_epoch=2, verbose=0)  # traces the train function
+    fitted.fit(data, epochs=1, steps_per_epoch=2, verbose=0)  # builds the model
+    fitted.make_train_function()  # compile's: one step per call
     function_iterator = iter(strategy.experimental_distribute_dataset(data))
 
     def run_fit():

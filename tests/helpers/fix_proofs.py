@@ -300,6 +300,16 @@ def _same_global_training(values) -> Optional[str]:
     return None
 
 
+def _steps_per_execution_chosen(result) -> Optional[str]:
+    if result["seen"] != [15, 15] or result["seen_with_a_step_callback"] != [1, 1]:
+        return f"steps per call {result['seen']}, {result['seen_with_a_step_callback']}"
+    if result["after"] != 1 or result["iterations"] != [60, 60]:
+        return f"compile's setting after fit {result['after']}, {result['iterations']} steps"
+    if result["max_weight_difference"] > 1e-6 or result["max_log_difference"] > 1e-6:
+        return f"15 steps per call train differently from 1: {result}"
+    return None
+
+
 def _steps_per_execution_exact(values) -> Optional[str]:
     def problem(result):
         if result["iterations"] != result["one_device_iterations"]:
@@ -736,6 +746,14 @@ _PROOFS = [
         scenarios.steps_per_execution,
         _steps_per_execution_exact,
         ("You must feed a value for placeholder tensor",),
+    ),
+    Proof(
+        "steps_per_execution_chosen",
+        MULTI_WORKER,
+        "fit of 30-step epochs on 2 workers runs 15 steps per call, and 1 where a callback on "
+        "the chief reads every step, with the same weights and logs (upstream: 1)",
+        scenarios.chosen_steps_per_execution,
+        _one(_steps_per_execution_chosen),
     ),
     Proof(
         "multi_worker_checkpoint_callbacks",

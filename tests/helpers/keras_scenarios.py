@@ -232,6 +232,62 @@ def steps_per_execution(strategy):
     }
 
 
+def chosen_steps_per_execution(strategy):
+    """fit of 2 epochs of 30 steps with validation, then evaluate: the steps per call seen at
+    each epoch, and the same with a callback that reads every step (on the chief only)."""
+    k, tf_ = keras(), tf()
+    from tfdist import task
+
+    x, y = regression_data(480)
+    data = tf_.data.Dataset.from_tensor_slices((x, y)).batch(16)
+
+    class Seen(k.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.steps_per_execution = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.steps_per_execution.append(self.model.steps_per_execution)
+
+    class EveryStep(k.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            pass
+
+    results = {}
+    for name, every_step in (("chosen", False), ("every_step", True)):
+        model, seen = mlp(strategy), Seen()
+        callbacks = [seen] + ([EveryStep()] if every_step and task.is_chief() else [])
+        history = model.fit(
+            data.repeat(),
+            epochs=2,
+            steps_per_epoch=30,
+            validation_data=data,
+            verbose=0,
+            callbacks=callbacks,
+        )
+        results[name] = {
+            "seen": seen.steps_per_execution,
+            "after": model.steps_per_execution,
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "history": history.history,
+            "weights": weights(model),
+            "evaluate": model.evaluate(data, verbose=0),
+        }
+    chosen, every_step = results["chosen"], results["every_step"]
+    return {
+        "seen": chosen["seen"],
+        "seen_with_a_step_callback": every_step["seen"],
+        "after": chosen["after"],
+        "iterations": [chosen["iterations"], every_step["iterations"]],
+        "max_weight_difference": max_difference(chosen["weights"], every_step["weights"]),
+        "max_log_difference": max_difference(
+            [chosen["history"][key] for key in sorted(chosen["history"])] + [chosen["evaluate"]],
+            [every_step["history"][key] for key in sorted(every_step["history"])]
+            + [every_step["evaluate"]],
+        ),
+    }
+
+
 def gradient_accumulation(strategy):
     """optimizer(gradient_accumulation_steps=2) matches the same on one device."""
     k, tf_ = keras(), tf()

@@ -5,7 +5,7 @@ Nothing here imports TensorFlow or Keras at import time.
 """
 
 from tfdist.fixes.keras_trainer import TF_TRAINER, TRAINER
-from tfdist.fixes.record import Fix
+from tfdist.fixes.record import Fix, Target
 
 SYMBOLIC_BUILD = Fix(
     name="symbolic_build_from_a_local_batch",
@@ -29,6 +29,7 @@ SYMBOLIC_BUILD = Fix(
 _BUILD_TARGETS = [
     TF_TRAINER.target("_maybe_symbolic_build", ("self", "iterator", "data_batch")),
     TF_TRAINER.target("_symbolic_build", ("self",)),
+    Target("keras.src.layers.layer:Layer._flatten_layers", ("self",)),
     "keras.src.tree:map_structure",
 ]
 
@@ -43,6 +44,8 @@ def _patch_symbolic_build(batches_of):
     #   mirrored, batch not divisible by the replicas: "AddN must have the same size and shape";
     #   string inputs: "Value for attr 'T' of string is not in the list of allowed values".
     # The fix takes the first local replica's tensors: same shapes and dtypes, no collective.
+    # It peeks only when the build needs a batch (upstream peeks on every fit and evaluate:
+    # a distributed iterator made for one batch, about 50 ms between 2 processes).
     # `batches_of(epoch_iterator)` yields the per-step iterators, as that release's loop does.
     import tensorflow as tf
     from keras.src import tree
@@ -51,7 +54,7 @@ def _patch_symbolic_build(batches_of):
         if self._distribute_strategy is None:
             return  # as upstream: no strategy, build lazily when tracing
         strategy = self.distribute_strategy
-        if iterator is not None:
+        if iterator is not None and _needs_a_batch(self):
             for batches in batches_of(iterator):
                 data_batch = tree.map_structure(
                     lambda v: (
@@ -66,6 +69,16 @@ def _patch_symbolic_build(batches_of):
             self._symbolic_build(data_batch=data_batch)
 
     TF_TRAINER.get()._maybe_symbolic_build = _maybe_symbolic_build
+
+
+def _needs_a_batch(model) -> bool:
+    """What Keras' _symbolic_build (3.5 on) builds from a batch: layers, compiled metrics, loss."""
+    metrics, loss = model._compile_metrics, model._compile_loss
+    return (
+        not all(layer.built for layer in model._flatten_layers())
+        or (metrics is not None and not metrics.built)
+        or (loss is not None and not loss.built)
+    )
 
 
 @SYMBOLIC_BUILD.variant(

@@ -1,0 +1,190 @@
+"""Steps per execution chosen by tfdist: fit and evaluate at the speed of a custom loop.
+
+Keras runs one training step per call of its train function unless `compile` says otherwise.
+Under a strategy each call has a fixed price: Python's dispatch of a `tf.function`, the step's
+logs averaged over the replicas (between processes, an all-reduce), the loop's callbacks. For
+a small model that price is as large as the step itself. Where no callback reads the logs of
+each step, tfdist runs several steps per call, as `compile(steps_per_execution=...)` would:
+the same steps, the same weights and the same epoch logs.
+
+Nothing here imports TensorFlow or Keras at import time.
+"""
+
+import contextlib
+import functools
+import inspect
+import math
+
+from tfdist.fixes.keras_trainer import TF_TRAINER
+from tfdist.fixes.record import Fix
+
+# The most steps per call tfdist chooses: enough to spread the call's fixed cost over many
+# steps, few enough that a progress bar and a preemption notice still come within a moment.
+MAX_STEPS_PER_EXECUTION = 16
+_STRATEGIES = ("MirroredStrategy", "CollectiveAllReduceStrategy")
+_BATCH_HOOKS = {
+    "fit": (
+        "on_batch_begin",
+        "on_batch_end",
+        "on_train_batch_begin",
+        "on_train_batch_end",
+        "on_test_batch_begin",
+        "on_test_batch_end",
+    ),
+    "evaluate": ("on_test_batch_begin", "on_test_batch_end"),
+}
+
+STEPS_PER_EXECUTION = Fix(
+    name="steps_per_execution_chosen",
+    summary=(
+        "fit and evaluate call the train function once per step unless compile says "
+        "otherwise, and under a strategy each call costs about as much as a small model's step "
+        "(dispatch, an all-reduce of the logs, the loop)."
+    ),
+    upstream="none found",
+    strategies=("mirrored", "multi_worker_mirrored"),
+    consequence=(
+        "fit and evaluate of a small model run at half the speed of a hand-written loop or "
+        "less (benchmarks/bench_fit_step.py); results are the same."
+    ),
+    absent_before="Keras before 3.7 unrolls steps_per_execution in Python, which tfdist leaves",
+)
+
+
+def choose(steps, callbacks, kind: str) -> int:
+    """The steps per call for a fit or evaluate of `steps` steps (None: until the data ends).
+
+    1 when a callback (other than Keras' progress bar and history) reads the logs of each
+    step; else the largest divisor of `steps` up to MAX_STEPS_PER_EXECUTION, so that no call
+    runs past the steps asked for (with no steps given, the data's end stops a call early).
+    """
+    if any(_reads_every_step(callback, kind) for callback in _listed(callbacks)):
+        return 1
+    if steps is None:
+        return MAX_STEPS_PER_EXECUTION
+    if isinstance(steps, (list, tuple)):  # fit: the epoch's and validation's steps
+        known = [int(s) for s in steps if s is not None]
+        steps = functools.reduce(math.gcd, known) if known else None
+        if steps is None:
+            return MAX_STEPS_PER_EXECUTION
+    steps = int(steps)
+    return max(k for k in range(1, min(steps, MAX_STEPS_PER_EXECUTION) + 1) if steps % k == 0)
+
+
+def _listed(callbacks) -> list:
+    if callbacks is None:
+        return []
+    inner = getattr(callbacks, "callbacks", None)  # a keras.callbacks.CallbackList
+    return list(inner if inner is not None else callbacks)
+
+
+def _reads_every_step(callback, kind: str) -> bool:
+    from keras import callbacks as keras_callbacks
+
+    if isinstance(callback, (keras_callbacks.ProgbarLogger, keras_callbacks.History)):
+        return False  # Keras updates the bar per call; History keeps epoch logs
+    base = keras_callbacks.Callback
+    return any(
+        getattr(type(callback), hook, None) is not getattr(base, hook, None)
+        for hook in _BATCH_HOOKS[kind]
+    )
+
+
+def _agreed(strategy, k: int) -> int:
+    """1 when any worker's choice is 1 (its callbacks may differ from another's, as a callback
+    on the chief only does), else `k`: every worker then runs the same collectives."""
+    if strategy.num_replicas_in_sync <= len(strategy.extended.worker_devices):
+        return k  # one process: nothing to agree
+    import tensorflow as tf
+
+    vote = 1.0 if k == 1 else 0.0  # every worker votes, whatever its choice
+    votes = strategy.reduce("SUM", strategy.run(lambda: tf.constant(vote)), axis=None)
+    return k if float(votes) == 0 else 1
+
+
+@contextlib.contextmanager
+def _executing(model, k: int):
+    """Runs the block with model.steps_per_execution = k, and the train and test functions
+    traced for k (kept on the model for the next call, until the model is compiled again)."""
+    token = (model.optimizer, getattr(model, "_compile_loss", None), model.jit_compile)
+    cache = model.__dict__.get("_tfdist_functions")
+    if cache is None or any(a is not b for a, b in zip(cache["token"], token)):
+        cache = model.__dict__["_tfdist_functions"] = {"token": token}
+    own_k, own = model.steps_per_execution, (model.train_function, model.test_function)
+    model.steps_per_execution = k
+    model.train_function, model.test_function = cache.get(k, (None, None))
+    try:
+        yield
+    finally:
+        cache[k] = (model.train_function, model.test_function)
+        model.steps_per_execution = own_k
+        model.train_function, model.test_function = own
+
+
+def _steps_of(kind: str, arguments: dict):
+    """The steps a fit or evaluate asks for (None: until the data ends); fit's validation
+    runs with fit's steps per call, so its steps count too."""
+    if kind == "evaluate":
+        return arguments.get("steps")
+    steps = arguments.get("steps_per_epoch")
+    validation = arguments.get("validation_data") is not None or arguments.get("validation_split")
+    if validation and arguments.get("validation_steps") is not None:
+        return [steps, arguments["validation_steps"]]
+    return steps
+
+
+@STEPS_PER_EXECUTION.variant(
+    "3.7",
+    targets=[
+        TF_TRAINER.target("fit", ("self", "x", "y", "batch_size")),
+        TF_TRAINER.target("evaluate", ("self", "x", "y", "batch_size")),
+        TF_TRAINER.target("make_train_function", ("self", "force")),
+        TF_TRAINER.target("make_test_function", ("self", "force")),
+    ],
+)
+def _fix_steps_per_execution():
+    # Keras' TensorFlow trainer (keras/src/backend/tensorflow/trainer.py) calls its train
+    # function once per step with compile's default steps_per_execution=1. Each call returns
+    # the step's logs averaged over the replicas (between processes, an all-reduce) and goes
+    # through fit's loop and callbacks: on 2 CPU processes, 2-3 ms a call against a 3 ms step
+    # of a small MLP. Keras' own steps_per_execution runs K steps in one call, with the same
+    # steps, weights and epoch logs; it changes only what callbacks see per step (one call
+    # per K steps). So where the model's steps_per_execution is 1, no callback implements a
+    # batch hook (Keras' progress bar updates per call, History keeps epochs) and K divides
+    # the steps asked for, fit and evaluate run with K = the largest such divisor up to 16;
+    # the model's own setting and functions are back after the call. Workers agree on K.
+    tf_trainer_class = TF_TRAINER.get()
+    originals = {name: getattr(tf_trainer_class, name) for name in ("fit", "evaluate")}
+    signatures = {name: inspect.signature(f) for name, f in originals.items()}
+
+    def eligible(model) -> bool:
+        strategy = getattr(model, "_distribute_strategy", None)
+        return (
+            strategy is not None
+            and type(strategy).__name__ in _STRATEGIES
+            and model.steps_per_execution == 1
+            and not model.run_eagerly
+        )
+
+    def chosen(kind):
+        original, signature = originals[kind], signatures[kind]
+
+        @functools.wraps(original)
+        def method(self, *args, **kwargs):
+            if not eligible(self) or kwargs.get("_use_cached_eval_dataset"):
+                return original(self, *args, **kwargs)  # (fit's validation: fit's choice)
+            arguments = signature.bind(self, *args, **kwargs).arguments
+            k = choose(_steps_of(kind, arguments), arguments.get("callbacks"), kind)
+            k = _agreed(self._distribute_strategy, k)
+            if k == 1:
+                return original(self, *args, **kwargs)
+            with _executing(self, k):
+                return original(self, *args, **kwargs)
+
+        return method
+
+    tf_trainer_class.fit = chosen("fit")
+    tf_trainer_class.evaluate = chosen("evaluate")
+
+
+FIXES = (STEPS_PER_EXECUTION,)
