@@ -84,13 +84,16 @@ def test_fit_evaluate_predict_on_two_workers(jobs):
 MEAN_OF_LOGS = "Invalid reduction dimension 0 for input with 0 dimensions"
 
 
-def test_a_step_all_reduces_its_gradients_and_all_its_logs_in_two_collectives(jobs):
-    """One all-reduce for the gradients, one for the three logs (upstream: one per log), with
-    the step built by tfdist (Keras 3.7 on) and with Keras' own (the loop fix off)."""
+def test_a_step_all_reduces_all_its_logs_in_one_collective(jobs):
+    """Three logs cost the step no more all-reduces than one (upstream: one per log), with the
+    step built by tfdist (Keras 3.7 on) and with Keras' own (the loop fix off); every worker
+    logs the same global values."""
     for configuration in ("tfdist", "no_loop_fix"):
-        for result in both(jobs, configuration, "all_reduces_per_step"):
-            assert result["logs"] == ["loss", "mae", "mse"]
-            assert result["all_reduces"] == 2, (configuration, result)
+        first, second = both(jobs, configuration, "all_reduces_per_step")
+        for result in (first, second):
+            assert result["three_logs"]["all_reduces"] == result["one_log"]["all_reduces"]
+            assert sorted(result["three_logs"]["logs"]) == ["loss", "mae", "mse"]
+        assert first["three_logs"]["logs"] == second["three_logs"]["logs"], configuration
 
 
 def test_keras_3_alone_fails_where_tfdist_works(jobs):

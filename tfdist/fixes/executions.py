@@ -15,6 +15,7 @@ import functools
 import inspect
 import math
 
+from tfdist.fixes import multi_worker
 from tfdist.fixes.keras_trainer import TF_TRAINER
 from tfdist.fixes.record import Fix
 
@@ -83,11 +84,14 @@ def _reads_every_step(callback, kind: str) -> bool:
 
     if isinstance(callback, (keras_callbacks.ProgbarLogger, keras_callbacks.History)):
         return False  # Keras updates the bar per call; History keeps epoch logs
-    base = keras_callbacks.Callback
-    return any(
-        getattr(type(callback), hook, None) is not getattr(base, hook, None)
-        for hook in _BATCH_HOOKS[kind]
-    )
+    return any(_overridden(getattr(callback, hook, None)) for hook in _BATCH_HOOKS[kind])
+
+
+def _overridden(method) -> bool:
+    """A hook of the callback's own (its class's, or set on it, as LambdaCallback does), not
+    keras.callbacks.Callback's do-nothing one (which Keras marks `_is_default`)."""
+    function = getattr(method, "__func__", method)
+    return function is not None and not getattr(function, "_is_default", False)
 
 
 def _agreed(strategy, k: int) -> int:
@@ -153,17 +157,19 @@ def _fix_steps_per_execution():
     # batch hook (Keras' progress bar updates per call, History keeps epochs) and K divides
     # the steps asked for, fit and evaluate run with K = the largest such divisor up to 16;
     # the model's own setting and functions are back after the call. Workers agree on K.
+    # On multi_worker_mirrored it needs tfdist's loop (multi_worker_steps_per_execution).
     tf_trainer_class = TF_TRAINER.get()
     originals = {name: getattr(tf_trainer_class, name) for name in ("fit", "evaluate")}
     signatures = {name: inspect.signature(f) for name, f in originals.items()}
 
     def eligible(model) -> bool:
         strategy = getattr(model, "_distribute_strategy", None)
+        kind = type(strategy).__name__
         return (
-            strategy is not None
-            and type(strategy).__name__ in _STRATEGIES
+            kind in _STRATEGIES
             and model.steps_per_execution == 1
             and not model.run_eagerly
+            and (kind != "CollectiveAllReduceStrategy" or multi_worker.steps_loop_applied())
         )
 
     def chosen(kind):

@@ -53,8 +53,9 @@ def mean_over_replicas(values, strategy):
     """The element-wise mean over all replicas of each distributed value in `values`.
 
     The values of one dtype (and known shape) go in one all-reduce: they are flattened and
-    joined on each replica, averaged, then split back. Values that are not distributed (the
-    same on every replica) are returned as they are.
+    joined on each replica, averaged, then split back. A plain tensor is this worker's value
+    (its one replica's, as strategy.run returns it with one device per worker) and is averaged
+    too; anything else is returned as it is.
     """
     import tensorflow as tf
     from keras.src import tree
@@ -62,7 +63,7 @@ def mean_over_replicas(values, strategy):
     flat = tree.flatten(values)
     groups = {}
     for index, value in enumerate(flat):
-        if not isinstance(value, tf.distribute.DistributedValues):
+        if not isinstance(value, (tf.distribute.DistributedValues, tf.Tensor)):
             continue
         local = strategy.experimental_local_results(value)[0]
         key = (local.dtype, local.shape.is_fully_defined())
@@ -186,6 +187,16 @@ def _fix_multi_worker_steps_per_execution():
         return function
 
     cls._make_function = _make_function
+    _LOOP["applied"] = True
+
+
+_LOOP = {"applied": False}
+
+
+def steps_loop_applied() -> bool:
+    """True once this process runs several steps per call on multi-worker strategies (the
+    multi_worker_steps_per_execution fix is applied); without it such a call fails there."""
+    return _LOOP["applied"]
 
 
 FIXES = (MULTI_WORKER_MEAN, MULTI_WORKER_STEPS_PER_EXECUTION)
