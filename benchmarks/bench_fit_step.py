@@ -16,7 +16,11 @@ variants that take turns, round after round, each for `steps` steps per round:
 
 Rows: steps/s of fit, and of the train function, against the gradients-only loop, medians over
 rounds (each round runs all four within seconds of each other, in a rotating order), for a
-small model (width 64: the step is mostly fixed cost) and a wide one (width 1,024).
+small model (width 64: the step is mostly fixed cost) and a wide one (width 1,024); and fit's
+CPU ms per step against the loop's. On a 2-core host a round of fit of the wide model
+sometimes takes twice its usual wall time with the same CPU time (threads waiting, while the
+other variants' iterators stay alive between rounds; fit alone does not show it): read the
+min-max columns, and the CPU row, with that in mind.
 """
 
 from __future__ import annotations
@@ -49,13 +53,15 @@ def measure(strategy_name: str, width: int, cfg: dict) -> dict:
     for run in runs.values():  # warm-up: tracing
         run()
     rates = {name: [] for name in VARIANTS}
+    cpu = {name: [] for name in VARIANTS}  # this process's CPU ms per step
     for round_ in range(cfg["rounds"]):
         order = VARIANTS[round_ % len(VARIANTS) :] + VARIANTS[: round_ % len(VARIANTS)]
         for name in order:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             runs[name]()
             rates[name].append(cfg["steps"] / (time.perf_counter() - started))
-    return rates
+            cpu[name].append((time.process_time() - cpu_started) * 1000 / cfg["steps"])
+    return {"rates": rates, "cpu": cpu}
 
 
 def _dataset(tf, batch: int):
@@ -143,10 +149,10 @@ def _variants(tf, keras, strategy, width: int, cfg: dict) -> dict:
     }
 
 
-def _rows(strategy_name: str, width: int, rates: dict) -> list:
+def _rows(strategy_name: str, width: int, measured: dict) -> list:
     where = "2 workers" if strategy_name == "multi_worker_mirrored" else "2 vCPU"
     scenario = f"{strategy_name} {where}, MLP width {width}"
-    reference = rates["gradients_only"]
+    rates, reference = measured["rates"], measured["rates"]["gradients_only"]
     rows = [
         common.row(
             f"{scenario}: fit",
@@ -167,6 +173,17 @@ def _rows(strategy_name: str, width: int, rates: dict) -> list:
                 "steps/s",
             )
         )
+    rows.append(
+        common.row(
+            f"{scenario}: fit, CPU",
+            measured["cpu"]["fit"],
+            measured["cpu"]["gradients_only"],
+            "gradients-only loop",
+            "CPU ms/step",
+            higher_is_better=False,
+            notes="this process's CPU time per step, which waits on a busy host distort less",
+        )
+    )
     return rows
 
 
@@ -185,9 +202,9 @@ def run(quick: bool = False) -> list:
             except Exception as err:  # one failed job is a FAILED row, the others still run
                 rows.append(common.error_row(f"{strategy_name}, width {width}", str(err)))
                 continue
-            rates = results[0]  # worker 0; every step is synchronous between the workers
-            rows += _rows(strategy_name, width, rates)
-            medians = {name: round(statistics.median(v), 1) for name, v in rates.items()}
+            measured = results[0]  # worker 0; every step is synchronous between the workers
+            rows += _rows(strategy_name, width, measured)
+            medians = {n: round(statistics.median(v), 1) for n, v in measured["rates"].items()}
             print(f"{strategy_name} width {width}: {medians}", flush=True)
     return rows
 
