@@ -18,6 +18,8 @@ def test_no_steps_runs_to_the_data_end_and_validation_steps_count():
     assert choose(None, None, "fit") == MAX_STEPS_PER_EXECUTION
     assert choose([30, 10], None, "fit") == 10  # fit's validation runs with fit's choice
     assert choose([None, 12], None, "fit") == 12
+    assert choose(0, None, "fit") == MAX_STEPS_PER_EXECUTION  # Keras reads 0 as "no steps"
+    assert choose([0, 0], None, "fit") == MAX_STEPS_PER_EXECUTION
 
 
 def test_the_docs_state_the_rule_the_code_has():

@@ -61,13 +61,11 @@ def choose(steps, callbacks, kind: str) -> int:
     """
     if any(_reads_every_step(callback, kind) for callback in _listed(callbacks)):
         return 1
-    if steps is None:
-        return MAX_STEPS_PER_EXECUTION
     if isinstance(steps, (list, tuple)):  # fit: the epoch's and validation's steps
-        known = [int(s) for s in steps if s is not None]
+        known = [int(s) for s in steps if s]  # (0 means "until the data ends" to Keras too)
         steps = functools.reduce(math.gcd, known) if known else None
-        if steps is None:
-            return MAX_STEPS_PER_EXECUTION
+    if not steps or int(steps) < 1:
+        return MAX_STEPS_PER_EXECUTION
     steps = int(steps)
     return max(k for k in range(1, min(steps, MAX_STEPS_PER_EXECUTION) + 1) if steps % k == 0)
 
