@@ -31,18 +31,24 @@ DEFAULTS = {
 }
 REFUSED = "refused"  # tfdist raises NotImplementedError naming what to use instead
 
+# horovod/common/basics.py: the process queries horovod.tensorflow and horovod.tensorflow.keras
+# both export
+_PROCESS = [
+    ("init", "comm=None, process_sets=None", type(None)),
+    ("shutdown", "", type(None)),
+    ("is_initialized", "", bool),
+    ("size", "", int),
+    ("local_size", "", int),
+    ("cross_size", "", int),
+    ("rank", "", int),
+    ("local_rank", "", int),
+    ("cross_rank", "", int),
+]
+
 # (module, name, Horovod 0.28.1's parameters, what it returns in one process)
 HOROVOD = [
     # horovod/common/basics.py, re-exported by horovod.tensorflow and horovod.tensorflow.keras
-    ("tf", "init", "comm=None, process_sets=None", type(None)),
-    ("tf", "shutdown", "", type(None)),
-    ("tf", "is_initialized", "", bool),
-    ("tf", "size", "", int),
-    ("tf", "local_size", "", int),
-    ("tf", "cross_size", "", int),
-    ("tf", "rank", "", int),
-    ("tf", "local_rank", "", int),
-    ("tf", "cross_rank", "", int),
+    *[("tf", name, params, returns) for name, params, returns in _PROCESS],
     ("tf", "mpi_threads_supported", "", bool),
     ("tf", "mpi_enabled", "", bool),
     ("tf", "mpi_built", "", bool),
@@ -139,15 +145,7 @@ HOROVOD = [
         tf.GradientTape,
     ),
     # horovod/tensorflow/keras/__init__.py (and what it re-exports from horovod.tensorflow)
-    ("keras", "init", "comm=None, process_sets=None", type(None)),
-    ("keras", "shutdown", "", type(None)),
-    ("keras", "is_initialized", "", bool),
-    ("keras", "size", "", int),
-    ("keras", "local_size", "", int),
-    ("keras", "cross_size", "", int),
-    ("keras", "rank", "", int),
-    ("keras", "local_rank", "", int),
-    ("keras", "cross_rank", "", int),
+    *[("keras", name, params, returns) for name, params, returns in _PROCESS],
     (
         "keras",
         "DistributedOptimizer",

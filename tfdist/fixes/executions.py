@@ -22,7 +22,6 @@ from tfdist.fixes.record import Fix
 # The most steps per call tfdist chooses: enough to spread the call's fixed cost over many
 # steps, few enough that a progress bar and a preemption notice still come within a moment.
 MAX_STEPS_PER_EXECUTION = 16
-_STRATEGIES = ("MirroredStrategy", "CollectiveAllReduceStrategy")
 _BATCH_HOOKS = {
     "fit": (
         "on_batch_begin",
@@ -109,6 +108,7 @@ def _executing(model, k: int):
     """Runs the block with model.steps_per_execution = k, and the train and test functions
     traced for k (kept on the model for the next call, until the model is compiled again)."""
     token = (model.optimizer, getattr(model, "_compile_loss", None), model.jit_compile)
+    # (in __dict__: Keras tracks what is set as an attribute of a model)
     cache = model.__dict__.get("_tfdist_functions")
     if cache is None or any(a is not b for a, b in zip(cache["token"], token)):
         cache = model.__dict__["_tfdist_functions"] = {"token": token}
@@ -156,18 +156,24 @@ def _fix_steps_per_execution():
     # the steps asked for, fit and evaluate run with K = the largest such divisor up to 16;
     # the model's own setting and functions are back after the call. Workers agree on K.
     # On multi_worker_mirrored it needs tfdist's loop (multi_worker_steps_per_execution).
+    import tensorflow as tf
+    from tensorflow.python.distribute import mirrored_strategy
+
     tf_trainer_class = TF_TRAINER.get()
     originals = {name: getattr(tf_trainer_class, name) for name in ("fit", "evaluate")}
     signatures = {name: inspect.signature(f) for name, f in originals.items()}
 
     def eligible(model) -> bool:
         strategy = getattr(model, "_distribute_strategy", None)
-        kind = type(strategy).__name__
+        # mirrored or multi_worker_mirrored, whose extended subclasses mirrored's
         return (
-            kind in _STRATEGIES
+            isinstance(getattr(strategy, "extended", None), mirrored_strategy.MirroredExtended)
             and model.steps_per_execution == 1
             and not model.run_eagerly
-            and (kind != "CollectiveAllReduceStrategy" or multi_worker.steps_loop_applied())
+            and (
+                not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+                or multi_worker.steps_loop_applied()
+            )
         )
 
     def chosen(kind):
