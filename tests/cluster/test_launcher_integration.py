@@ -19,14 +19,19 @@ def test_a_worker_that_finishes_first_does_not_break_its_peers(tmp_path):
     script = tmp_path / "early.py"
     script.write_text(
         textwrap.dedent("""
+        import atexit
         import time
         import tfdist
+        spec = tfdist.detect_cluster()
+        if spec.task_index == 1:
+            # runs after tfdist's exit barrier (atexit is last in, first out): worker 1 is
+            # still alive, heartbeating to the leader, long after the barrier
+            atexit.register(time.sleep, 6)
         strategy = tfdist.make_strategy()
         import tensorflow as tf
-        spec = tfdist.detect_cluster()
         total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
         if spec.task_index == 1:
-            time.sleep(8)  # worker 0, the coordination leader, is done long before
+            time.sleep(6)  # worker 0, the coordination leader, is done long before
             print("still healthy:", tf.reduce_sum(tf.ones([3])).numpy(), flush=True)
         print("done", float(total), flush=True)
     """)
@@ -38,7 +43,8 @@ def test_a_worker_that_finishes_first_does_not_break_its_peers(tmp_path):
     text = out.getvalue()
     assert codes == {"worker:0": 0, "worker:1": 0}, text
     assert "[worker:1] still healthy: 3.0" in text
-    # without tfdist's exit barrier the leader's early exit aborts worker 1's collectives
+    # without tfdist's exit barrier the leader's early exit aborts worker 1's collectives, and
+    # without the leader waiting for its peers to exit, worker 1's heartbeat fails after it
     assert "Failed to send RPC to coordination service" not in text, text
     assert "StartAbort" not in text, text
 

@@ -245,6 +245,47 @@ def _barrier_at_exit() -> None:
         exit_barrier()
     except Exception as err:  # a peer already failed: nothing left to protect
         log.warning("tfdist: the exit barrier did not complete: %s", err)
+        return
+    for key in list(_MWMS_CACHE):
+        if key != ("local",):
+            leader_leaves_last(key[0])
+
+
+def leader_leaves_last(cluster: ClusterSpec, timeout: float = 10.0) -> list:
+    """On the coordination service's leader, waits until every peer's server is gone.
+
+    After the exit barrier the peers still heartbeat to the leader while their interpreters
+    shut down; a leader that exits first makes their coordination agents log an error and
+    abort their collectives ("failed to connect to all addresses", "StartAbort"). A peer whose
+    server port refuses connections has exited. Other tasks return at once; the wait is
+    bounded. Returns the peers still answering when the wait ended.
+    """
+    import socket
+    import time
+
+    leader = ("chief" if cluster.has_chief else "worker", 0)
+    if (cluster.task_type, cluster.task_index) != leader:
+        return []
+    peers = [
+        address
+        for job in ("chief", "worker")
+        for index, address in enumerate(cluster.cluster.get(job, []))
+        if (job, index) != leader
+    ]
+    deadline = time.monotonic() + timeout
+    while peers and time.monotonic() < deadline:
+        answering = []
+        for address in peers:
+            host, port = address.rsplit(":", 1)
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=0.5).close()
+                answering.append(address)
+            except OSError:
+                pass  # refused (or unreachable): that peer's server is gone
+        peers = answering
+        if peers:
+            time.sleep(0.05)
+    return peers
 
 
 def _register_exit_barrier() -> None:
