@@ -216,9 +216,9 @@ def test_a_waiting_task_answers_its_peers_probes_on_its_own_port():
     seen = []
 
     def probe(address, timeout):  # the peer probes this task's port while it waits
-        seen.append(peers._answers(spec.cluster["worker"][0], 1.0))
+        seen.append(peers.answers(spec.cluster["worker"][0], 1.0))
         return True
 
     peers.wait_for_peers(spec, [("worker", 1)], 30, purpose="test", probe=probe)
     assert seen == [True]
-    assert not peers._answers(spec.cluster["worker"][0], 1.0)  # closed: TensorFlow binds it next
+    assert not peers.answers(spec.cluster["worker"][0], 1.0)  # closed: TensorFlow binds it next

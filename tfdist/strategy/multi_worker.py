@@ -20,7 +20,7 @@ from tfdist.cluster import ClusterSpec
 from tfdist.strategy.communication import collective_options
 from tfdist.strategy.compression import PIECE_BYTES, compress_multi_worker, compression_of
 from tfdist.strategy.devices import context, runtime_initialized
-from tfdist.strategy.peers import guarded, interruptible, wait_for_peers
+from tfdist.strategy.peers import answers, guarded, interruptible, wait_for_peers
 
 __all__ = [
     "build_multi_worker",
@@ -260,7 +260,6 @@ def leader_leaves_last(cluster: ClusterSpec, timeout: float = 10.0) -> list:
     server port refuses connections has exited. Other tasks return at once; the wait is
     bounded. Returns the peers still answering when the wait ended.
     """
-    import socket
     import time
 
     leader = ("chief" if cluster.has_chief else "worker", 0)
@@ -274,15 +273,8 @@ def leader_leaves_last(cluster: ClusterSpec, timeout: float = 10.0) -> list:
     ]
     deadline = time.monotonic() + timeout
     while peers and time.monotonic() < deadline:
-        answering = []
-        for address in peers:
-            host, port = address.rsplit(":", 1)
-            try:
-                socket.create_connection((host.strip("[]"), int(port)), timeout=0.5).close()
-                answering.append(address)
-            except OSError:
-                pass  # refused (or unreachable): that peer's server is gone
-        peers = answering
+        # refused (or unreachable): that peer's server is gone
+        peers = [address for address in peers if answers(address, 0.5)]
         if peers:
             time.sleep(0.05)
     return peers

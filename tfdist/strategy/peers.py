@@ -35,7 +35,7 @@ from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
 from tfdist import settings, signals
 from tfdist.cluster import ClusterSpec
 
-__all__ = ["guarded", "interruptible", "wait_for_peers"]
+__all__ = ["answers", "guarded", "interruptible", "wait_for_peers"]
 
 PROBE_SECONDS = 1.0  # one connection attempt
 ROUND_SECONDS = 0.25  # between rounds of probes
@@ -47,7 +47,7 @@ def _split(address: str) -> Tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _answers(address: str, timeout: float) -> bool:
+def answers(address: str, timeout: float) -> bool:
     """True when something accepts a TCP connection at `address` ("host:port")."""
     try:
         host, port = _split(address)
@@ -103,7 +103,7 @@ def wait_for_peers(
     *,
     purpose: str,
     listen: bool = True,
-    probe: Callable[[str, float], bool] = _answers,
+    probe: Callable[[str, float], bool] = answers,
 ) -> None:
     """Returns once every task in `peers` answered at its address; raises after `timeout` s.
 
