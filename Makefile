@@ -6,10 +6,16 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install test test-matrix test-oldest test-next lint demo docs bench wheel-smoke clean
 
+# torch (the "gloo" extra) is PyTorch's CPU build, from PyTorch's index where it is reachable
+# (PyPI's default build is CUDA's, several GB); --retries 0: an unreachable index costs nothing.
+TORCH       ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+
 $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,legacy,docs,bench]"
+	$(PY) -m pip install --quiet --retries 0 "$(TORCH)" --extra-index-url $(TORCH_INDEX)
+	$(PY) -m pip install --quiet -e ".[test,legacy,docs,bench,gloo]"
 	touch $(STAMP)
 
 install: $(STAMP)

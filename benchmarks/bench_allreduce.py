@@ -1,12 +1,14 @@
 """The all-reduce alone: algorithm bandwidth of one float32 tensor summed over 2 processes.
 
-Four all-reduces on loopback, 2 processes, at 1, 16 and 128 MiB of float32:
+Several all-reduces on loopback, 2 processes, at 1, 16 and 128 MiB of float32:
 
 - TensorFlow's default: `tf.distribute.MultiWorkerMirroredStrategy()` built as a user would,
   `ReplicaContext.all_reduce("SUM", x)` inside `strategy.run` in a `tf.function`;
 - tfdist's default: the same call on `tfdist.make_strategy("multi_worker_mirrored")`;
 - tfdist with `gradient_compression="bf16"` and `"fp16"` (the same job as tfdist's default:
   the compression of its strategy is switched between measurements);
+- tfdist with `communication="gloo"` (torch.distributed's Gloo, the extra tfdist[gloo]), without
+  and with bf16 compression (one job, switched the same way);
 - a plain numpy ring all-reduce over TCP sockets (reduce-scatter then all-gather, the send of
   each step in a thread while the receive lands in place), the bandwidth the loopback carries
   for this job.
@@ -40,7 +42,9 @@ SIZES_MIB = (1, 16, 128)
 DEFAULT = {"rounds": 5, "reps": 5, "timeout": 900}
 QUICK = {"rounds": 2, "reps": 3, "timeout": 400}
 MODE_NAMES = ("None", "bf16", "fp16")  # tfdist's gradient_compression, as strings
-VARIANTS = ("tf", *MODE_NAMES, "ring")
+GLOO_NAMES = ("gloo", "gloo bf16")  # communication="gloo", without and with bf16
+VARIANTS = ("tf", *MODE_NAMES, *GLOO_NAMES, "ring")
+JOBS = {"tf": ("tf",), "tfdist": MODE_NAMES, "gloo": GLOO_NAMES, "ring": ("ring",)}
 
 
 def _gbps(count: int, seconds: float) -> float:
@@ -88,11 +92,11 @@ def schedule(cfg: dict) -> list:
 
 
 def variant_job(job: str, directory: str, cfg: dict) -> dict:
-    """In each process of one job ("tf", "tfdist", "ring"): {variant: {size: [GB/s per turn]}}.
+    """In each process of one job (`JOBS`): {variant: {size: [GB/s per turn]}}.
 
-    The three jobs run at once and take turns (`schedule`): one all-reduces at a time.
+    The jobs run at once and take turns (`schedule`): one all-reduces at a time.
     """
-    mine = {"tf": ("tf",), "tfdist": MODE_NAMES, "ring": ("ring",)}[job]
+    mine = JOBS[job]
     me = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     if job == "ring":
         import numpy as np
@@ -106,7 +110,8 @@ def variant_job(job: str, directory: str, cfg: dict) -> dict:
         import tfdist
         from tfdist.strategy.compression import compress_multi_worker
 
-        strategy = tfdist.make_strategy("multi_worker_mirrored")
+        communication = "gloo" if job == "gloo" else "auto"
+        strategy = tfdist.make_strategy("multi_worker_mirrored", communication=communication)
     steps, out = {}, {v: {} for v in mine}
     for index, (_, mib, variant) in enumerate(schedule(cfg)):
         if variant not in mine:
@@ -122,8 +127,9 @@ def variant_job(job: str, directory: str, cfg: dict) -> dict:
             seconds = _seconds(lambda args=args: ring_allreduce(*args), cfg["reps"])
         else:
             if (mib, variant) not in steps:
-                if job == "tfdist":  # read when the step is traced
-                    compress_multi_worker(strategy, None if variant == "None" else variant)
+                if job != "tf":  # read when the step is traced
+                    mode = variant.split()[-1]
+                    compress_multi_worker(strategy, mode if mode in ("bf16", "fp16") else None)
                 steps[(mib, variant)] = _tf_step(strategy, count)
             step = steps[(mib, variant)]
             assert float(step()) == 2 * strategy.num_replicas_in_sync  # warm-up, and the sum
@@ -191,14 +197,14 @@ def ring_allreduce(a, rank: int, n: int, send, recv, scratch) -> None:
 
 
 def measure(cfg: dict) -> dict:
-    """{variant: {size: [GB/s per round]}}: the three jobs at once, taking turns."""
+    """{variant: {size: [GB/s per round]}}: the jobs at once, taking turns."""
     import concurrent.futures
     import tempfile
 
     env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
     samples = {v: {mib: [] for mib in SIZES_MIB} for v in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="tfdist-allreduce-") as directory:
-        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        with concurrent.futures.ThreadPoolExecutor(len(JOBS)) as pool:
             futures = [
                 pool.submit(
                     common.run_fresh,
@@ -208,7 +214,7 @@ def measure(cfg: dict) -> dict:
                     env=env,
                     timeout=cfg["timeout"],
                 )
-                for job in ("tf", "tfdist", "ring")
+                for job in JOBS
             ]
             for future in futures:
                 runs = future.result()
@@ -228,12 +234,13 @@ def chart(samples: dict, path: str) -> str:
     import matplotlib.pyplot as plt
 
     names = [("tf", "TensorFlow default"), ("None", "tfdist default"), ("bf16", "tfdist bf16"),
-             ("fp16", "tfdist fp16"), ("ring", "numpy TCP ring")]  # fmt: skip
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    width = 0.16
+             ("fp16", "tfdist fp16"), ("gloo", "tfdist gloo"), ("gloo bf16", "tfdist gloo bf16"),
+             ("ring", "numpy TCP ring")]  # fmt: skip
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.12
     for i, (key, label) in enumerate(names):
         values = [statistics.median(samples[key][mib]) for mib in SIZES_MIB]
-        xs = [j + (i - 2) * width for j in range(len(SIZES_MIB))]
+        xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(SIZES_MIB))]
         bars = ax.bar(xs, values, width, label=label)
         ax.bar_label(bars, fmt="%.2f", fontsize=7)
     ax.set_xticks(range(len(SIZES_MIB)), [f"{m} MiB" for m in SIZES_MIB])
@@ -251,8 +258,8 @@ def run(quick: bool) -> list:
     samples = measure(cfg)
     rows = []
     for mib in SIZES_MIB:
-        tf_, none, bf16, fp16, ring = (
-            samples[k][mib] for k in ("tf", "None", "bf16", "fp16", "ring")
+        tf_, none, bf16, fp16, gloo, gloo_bf16, ring = (
+            samples[k][mib] for k in ("tf", "None", "bf16", "fp16", "gloo", "gloo bf16", "ring")
         )
         size = f"all-reduce {mib} MiB"
         rows += [
@@ -262,6 +269,10 @@ def run(quick: bool) -> list:
             common.row(f"{size}, tfdist bf16", bf16, tf_, "TF default", "GB/s", target=2.0),
             common.row(f"{size}, tfdist fp16", fp16, tf_, "TF default", "GB/s"),
             common.row(f"{size}, tfdist bf16", bf16, ring, "numpy ring", "GB/s"),
+            common.row(f"{size}, tfdist gloo", gloo, ring, "numpy ring", "GB/s",
+                       target=0.5 if mib >= 16 else None),
+            common.row(f"{size}, tfdist gloo", gloo, none, "tfdist default", "GB/s"),
+            common.row(f"{size}, tfdist gloo bf16", gloo_bf16, gloo, "tfdist gloo", "GB/s"),
         ]  # fmt: skip
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     os.makedirs(common.RESULTS_DIR, exist_ok=True)

@@ -193,9 +193,9 @@ COMMUNICATION = Setting(
     "TFDIST_COMMUNICATION",
     _lower_or_none,
     None,
-    'replaces `communication="auto"`: `ring`, `nccl` (multi_worker_mirrored), `nccl`, '
+    'replaces `communication="auto"`: `ring`, `nccl`, `gloo` (multi_worker_mirrored), `nccl`, '
     "`hierarchical_copy`, `reduce_to_one_device` (mirrored); a strategy that does not take the "
-    'value keeps `"auto"`',
+    'value keeps `"auto"`; `tfdist launch --communication` sets it',
     "`make_strategy`, `tfdist doctor`",
     "unset",
 )

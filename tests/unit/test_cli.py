@@ -234,3 +234,25 @@ def test_launch_refuses_an_unknown_gradient_compression(capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "'int8'" in err and "bf16" in err and "fp16" in err
+
+
+# ------------------------------------------------------------------- launch --communication
+
+
+def test_launch_communication_sets_the_variable_every_task_reads():
+    from tfdist.cli import build_parser
+    from tfdist.cli.launch import _extra_env
+
+    args = build_parser().parse_args(["launch", "--communication", "gloo", "train.py"])
+    assert _extra_env(args) == {"TFDIST_COMMUNICATION": "gloo"}
+    assert _extra_env(build_parser().parse_args(["launch", "train.py"])) is None
+
+
+def test_launch_refuses_a_communication_multi_worker_mirrored_does_not_take(capsys):
+    from tfdist.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["launch", "--communication", "mpi", "train.py"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "'mpi'" in err and "gloo" in err and "ring" in err

@@ -15,6 +15,7 @@ from typing import Optional
 
 from tfdist import settings
 from tfdist.cli.arguments import positive_seconds, seconds
+from tfdist.strategy.communication import MULTI_WORKER
 from tfdist.strategy.registry import CLI_CHOICES, WITH_ALL_REDUCE
 
 
@@ -85,6 +86,12 @@ def _add_launch_parser(sub) -> None:
         choices=("bf16", "fp16", "none"),
         help=f"cast float32 gradients for the all-reduce of {' and '.join(WITH_ALL_REDUCE)} "
         "(sets TFDIST_GRADIENT_COMPRESSION; default none)",
+    )
+    lau.add_argument(
+        "--communication",
+        choices=[c for c in MULTI_WORKER if c != "auto"],
+        help="how multi_worker_mirrored all-reduces: TensorFlow's ring, NCCL (GPUs), or Gloo "
+        "(CPUs, needs tfdist[gloo]) (sets TFDIST_COMMUNICATION; default auto)",
     )
     lau.add_argument(
         "--max-restarts",
@@ -198,8 +205,11 @@ def _refusal(args) -> Optional[str]:
 
 
 def _extra_env(args) -> Optional[dict]:
-    """The variables `--strategy` and `--gradient-compression` set in every task, or None."""
+    """The variables `--strategy`, `--communication` and `--gradient-compression` set in every
+    task, or None."""
     extra = {settings.STRATEGY.name: args.strategy} if args.strategy else {}
+    if args.communication:
+        extra[settings.COMMUNICATION.name] = args.communication
     if args.gradient_compression:
         extra[settings.GRADIENT_COMPRESSION.name] = args.gradient_compression
     return extra or None

@@ -141,12 +141,25 @@ def _fix_all_reduce():
     cls = cdo.CollectiveAllReduce
     original = cls._all_reduce
 
+    def through(self, reduce_op, values, replica_id, options):
+        """The list `values` all-reduced: through Gloo where the object has a group
+        (`tfdist.strategy.gloo`), else through TensorFlow's collectives."""
+        gloo = getattr(self, "_tfdist_gloo", None)
+        if gloo is None:
+            return list(original(self, reduce_op, list(values), replica_id, options))
+        with tf.device(self._devices[replica_id]):
+            return gloo.reduce(
+                list(values),
+                reduce_op == tf.distribute.ReduceOp.MEAN,
+                lambda rest: list(original(self, reduce_op, rest, replica_id, options)),
+            )
+
     def in_pieces(self, reduce_op, values, replica_id, options, limit):
         """All-reduces the list `values`, each tensor of more than PIECES_AFTER pieces of
         `limit` bytes in pieces, one pack each; returns the list of results."""
         counts = [pieces(v, limit) for v in values]
         if max(counts, default=1) == 1:
-            return list(original(self, reduce_op, list(values), replica_id, options))
+            return through(self, reduce_op, values, replica_id, options)
         sent, smallest = [], limit
         with tf.device(self._devices[replica_id]):
             for v, count in zip(values, counts):
@@ -161,7 +174,7 @@ def _fix_all_reduce():
         options = (options or collective_util.Options()).merge(
             collective_util.Options(bytes_per_pack=max(smallest - 1, 1))
         )
-        reduced = list(original(self, reduce_op, sent, replica_id, options))
+        reduced = through(self, reduce_op, sent, replica_id, options)
         out = []
         with tf.device(self._devices[replica_id]):
             for v, count in zip(values, counts):
@@ -171,13 +184,14 @@ def _fix_all_reduce():
 
     def _all_reduce(self, reduce_op, value, replica_id, options):
         mode = getattr(self, "_tfdist_compression", None)
-        limit = getattr(self, "_tfdist_piece_bytes", 0)
-        if mode is None and not limit:
+        gloo = getattr(self, "_tfdist_gloo", None)
+        limit = 0 if gloo is not None else getattr(self, "_tfdist_piece_bytes", 0)
+        if mode is None and not limit and gloo is None:
             return original(self, reduce_op, value, replica_id, options)
         flat = nest.flatten(value)
         marks = [mode is not None and compressible(v) for v in flat]
         if not any(marks):
-            if not any(pieces(v, limit) > 1 for v in flat):
+            if gloo is None and not any(pieces(v, limit) > 1 for v in flat):
                 return original(self, reduce_op, value, replica_id, options)
             back = in_pieces(self, reduce_op, flat, replica_id, options, limit)
             return nest.pack_sequence_as(value, back)

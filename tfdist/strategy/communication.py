@@ -22,7 +22,7 @@ __all__ = [
 ]
 
 # The `communication=` values each kind of strategy understands ("auto" decides by the devices).
-MULTI_WORKER: Tuple[str, ...] = ("auto", "ring", "nccl")
+MULTI_WORKER: Tuple[str, ...] = ("auto", "ring", "nccl", "gloo")
 MIRRORED: Tuple[str, ...] = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
 NONE: Tuple[str, ...] = ("auto",)  # no all-reduce to choose (one device, parameter servers)
 
@@ -91,6 +91,8 @@ def collective_options(
 
     bytes_per_pack: None picks tfdist's default: `RING_BYTES_PER_PACK` (4 MiB) for the ring,
     TensorFlow's 0 (one pack) for NCCL. 0 is TensorFlow's own default.
+    "gloo" gives the ring's options: TensorFlow's collectives still carry what Gloo does not
+    (variable broadcasts at start-up, gathers, sparse gradients; `tfdist.strategy.gloo`).
     """
     import tensorflow as tf
 
@@ -100,6 +102,12 @@ def collective_options(
         communication = "nccl" if _all_gpus(devices) else "ring"
     if communication == "nccl":
         _require_gpus_for_nccl("multi_worker_mirrored", devices, MULTI_WORKER)
+    if communication == "gloo" and any("gpu" in d.lower() for d in devices):
+        raise ValueError(
+            f"communication='gloo' all-reduces between processes on their CPUs, but this "
+            f"worker's replicas are {list(devices)}. HINT: use communication='nccl' (or "
+            "'auto') on GPUs; 'gloo' is for CPU workers, one replica each."
+        )
     if bytes_per_pack is None:
         bytes_per_pack = 0 if communication == "nccl" else RING_BYTES_PER_PACK
     if timeout_seconds is None:

@@ -61,6 +61,7 @@ __all__ = [
     "compress_multi_worker",
     "compressed_cross_device_ops",
     "compression_of",
+    "patched_collectives",
 ]
 
 # The values of `gradient_compression=`; None (or "none") is no compression.
@@ -117,37 +118,53 @@ def compress_multi_worker(strategy, mode: Optional[str], piece_bytes: Optional[i
             strategy does not reduce through a CollectiveAllReduce; the message says which,
             instead of training uncompressed.
     """
+    ops = patched_collectives(strategy, f"gradient_compression={mode!r}" if mode else None)
+    if ops is None:
+        return
+    ops._tfdist_compression = mode
+    if piece_bytes is not None:
+        ops._tfdist_piece_bytes = int(piece_bytes)
+
+
+def patched_collectives(strategy, needed_for: Optional[str]):
+    """The CollectiveAllReduce of a MultiWorkerMirroredStrategy, once tfdist's fix record
+    `tfdist.fixes.collectives.ALL_REDUCE` patches it (applying the fixes if need be).
+
+    needed_for: what needs the patch (e.g. "gradient_compression='bf16'"), named in the
+    error; None returns None instead of raising where the patch is not there.
+
+    Raises:
+        RuntimeError: `needed_for` is set, and the record is not applied, or this TensorFlow's
+            strategy does not reduce through a CollectiveAllReduce; the message says which.
+    """
     from tensorflow.python.distribute import cross_device_ops as cdo
 
     from tfdist.fixes import registry
 
     ops = getattr(strategy.extended, "_cross_device_ops", None)
     if not isinstance(ops, cdo.CollectiveAllReduce) or not hasattr(ops, "_group_size"):
-        if mode is None:
-            return
+        if needed_for is None:
+            return None
         raise RuntimeError(
-            "gradient_compression needs MultiWorkerMirroredStrategy to reduce through "
-            "TensorFlow's CollectiveAllReduce (strategy.extended._cross_device_ops), but this "
-            f"TensorFlow's strategy has {type(ops).__name__}. HINT: use gradient_compression="
-            "None with this TensorFlow release, and report it to tfdist."
+            f"{needed_for} needs MultiWorkerMirroredStrategy to reduce through TensorFlow's "
+            "CollectiveAllReduce (strategy.extended._cross_device_ops), but this TensorFlow's "
+            f"strategy has {type(ops).__name__}. HINT: leave {needed_for.split('=')[0]}= at its "
+            "default with this TensorFlow release, and report it to tfdist."
         )
     registry.apply_fixes()
     status = registry.status(ALL_REDUCE.name) or next(
         s for s in registry.report() if s.name == ALL_REDUCE.name
     )
     if status.state != APPLIED:
-        if mode is None:
-            return
-        state, reason = status.state, status.reason
+        if needed_for is None:
+            return None
         raise RuntimeError(
-            f"gradient_compression={mode!r} on multi_worker_mirrored needs tfdist's fix "
-            f"{ALL_REDUCE.name!r} of TensorFlow's CollectiveAllReduce, which is {state} "
-            f"({reason}). HINT: remove -{ALL_REDUCE.name} from TFDIST_KERAS_FIXES (or unset "
-            "TFDIST_KERAS_FIXES=0), or use gradient_compression=None."
+            f"{needed_for} on multi_worker_mirrored needs tfdist's fix {ALL_REDUCE.name!r} of "
+            f"TensorFlow's CollectiveAllReduce, which is {status.state} ({status.reason}). "
+            f"HINT: remove -{ALL_REDUCE.name} from TFDIST_KERAS_FIXES (or unset "
+            f"TFDIST_KERAS_FIXES=0), or leave {needed_for.split('=')[0]}= at its default."
         )
-    ops._tfdist_compression = mode
-    if piece_bytes is not None:
-        ops._tfdist_piece_bytes = int(piece_bytes)
+    return ops
 
 
 def compression_of(strategy) -> Optional[str]:

@@ -107,7 +107,9 @@ def make_strategy(
         devices: list of device strings ("/gpu:0", "/cpu:1"). Defaults to every local GPU, else
             every logical CPU. `one_device` uses the first.
         communication: str. How replicas all-reduce. multi_worker_mirrored: "auto" (NCCL when
-            every replica is a GPU, else ring), "ring", "nccl". mirrored: "auto", "nccl",
+            every replica is a GPU, else ring), "ring", "nccl", "gloo" (CPU workers: the
+            gradients' all-reduce through torch.distributed's Gloo, the extra tfdist[gloo];
+            `tfdist.strategy.gloo`). mirrored: "auto", "nccl",
             "hierarchical_copy", "reduce_to_one_device". Defaults to "auto", which yields to
             TFDIST_COMMUNICATION when that names a choice valid for the strategy.
         gradient_compression: "bf16", "fp16" or None. mirrored and multi_worker_mirrored: cast

@@ -81,8 +81,13 @@ def build_multi_worker(
         key = ("local",)
         resolver = None if cluster.is_single_process else cluster.resolver()
     else:
-        key = (cluster, options.implementation)
+        key = (cluster, options.implementation, communication == "gloo")
         resolver = cluster.resolver()
+    gloo = len(key) == 3 and key[2]  # one process: nothing to send
+    if gloo:
+        from tfdist.strategy import gloo as gloo_transport
+
+        gloo_transport.require_torch()  # before TensorFlow starts: a missing extra fails fast
     with _MWMS_LOCK:
         if key in _MWMS_CACHE:
             strategy = _MWMS_CACHE[key]
@@ -134,6 +139,12 @@ def build_multi_worker(
         tuned = ring and communication_options is None and options.bytes_per_pack
         pieces = PIECE_BYTES if tuned else 0  # bytes_per_pack=0: TensorFlow's one pack, whole
         compress_multi_worker(strategy, compression, pieces)
+        if gloo:
+            with guarded(cluster.task, "joined the Gloo group", startup_timeout + 30):
+                group = gloo_transport.connect(
+                    cluster, options.timeout_seconds, join_timeout=startup_timeout
+                )
+            gloo_transport.attach(strategy, group)
         _MWMS_CACHE[key] = strategy
         if resolver is not None:
             _register_exit_barrier()
