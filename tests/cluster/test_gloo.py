@@ -169,3 +169,55 @@ def test_a_lost_peer_fails_the_gloo_all_reduce_at_once_naming_it(run_cluster, tm
     got = json.loads(report.read_text())
     assert got["error"] is not None and "Gloo all-reduce" in got["error"], got
     assert got["seconds"] < 30, got
+
+
+def horovod_job():
+    import numpy as np
+    import tensorflow as tf
+
+    import tfdist.horovod.tensorflow as hvd
+    from tfdist.horovod.runtime import runtime
+
+    hvd.init()  # TFDIST_COMMUNICATION=gloo
+    group = runtime().gloo
+    sent = []
+    reduce_ = group.all_reduce_
+
+    def counted(array, bfloat16=False):
+        sent.append(array.nbytes)
+        return reduce_(array, bfloat16=bfloat16)
+
+    group.all_reduce_ = counted
+    r = hvd.rank() + 1
+    out = {
+        "sum": hvd.allreduce(tf.fill([5], float(r)), op=hvd.Sum).numpy().tolist(),
+        "average": hvd.allreduce(tf.fill([3], float(r))).numpy().tolist(),
+        "grouped": [
+            t.numpy().tolist()
+            for t in hvd.grouped_allreduce(
+                [tf.constant([r, r], tf.int64), tf.fill([2, 2], float(r))], op=hvd.Sum
+            )
+        ],
+        "max": hvd.allreduce(tf.constant([float(r)]), op=hvd.Max).numpy().tolist(),
+    }
+    w = tf.Variable(np.ones([4, 1], "float32"))
+    x = tf.constant(np.full([2, 4], r, "float32"))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.matmul(x, w))
+    tape = hvd.DistributedGradientTape(tape)
+    (grad,) = tape.gradient(loss, [w])
+    out["gradient"] = grad.numpy().ravel().tolist()  # the mean of 2 * r over the ranks
+    out["sent"] = len(sent)
+    return out
+
+
+def test_the_horovod_api_sums_through_gloo(run_cluster):
+    runs = run_cluster(horovod_job, workers=2, env=GLOO, timeout=240)
+    for run in runs.values():
+        got = run.value
+        assert got["sum"] == [3.0] * 5
+        assert got["average"] == [1.5] * 3
+        assert got["grouped"] == [[3, 3], [[3.0, 3.0], [3.0, 3.0]]]
+        assert got["max"] == [2.0]  # Max stays on TensorFlow's collectives
+        assert got["gradient"] == [3.0] * 4
+        assert got["sent"] >= 4, got  # sum, average, grouped (two dtypes), the gradient

@@ -10,7 +10,9 @@ accepts that only before it starts: `init()` must come before the first op, as i
 The collectives of `tfdist.horovod.collectives` then run over one TensorFlow collective group
 of all the processes, with TensorFlow's own instance keys and ordering token (the launcher
 MultiWorkerMirroredStrategy uses), so that they work eagerly and inside `tf.function`, in the
-same order on every rank. Imports TensorFlow only inside functions.
+same order on every rank. With TFDIST_COMMUNICATION=gloo (CPU processes), their sums go through
+Gloo instead (`tfdist.strategy.gloo`); gathers, broadcasts, min/max stay on TensorFlow's.
+Imports TensorFlow only inside functions.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class Runtime:
         self._group_key = None
         self._payload = None
         self._lock = threading.Lock()
+        self.gloo = None  # the Gloo group (TFDIST_COMMUNICATION=gloo), `tfdist.strategy.gloo`
 
     @property
     def size(self) -> int:
@@ -116,6 +119,12 @@ class Runtime:
 
         if not counted:
             self.count(tensor)
+        if self.gloo is not None and merge_op == "Add" and "CPU" in self.device:
+            from tfdist.strategy.gloo import dense
+
+            if dense(tensor):
+                with tf.device(self.device):
+                    return self.gloo.reduce([tensor], False, None)[0]
         instance_key = launcher._next_instance_key()  # pylint: disable=protected-access
         token = launcher._get_ordering_token()  # pylint: disable=protected-access
         with tf.device(self.device):
@@ -274,6 +283,21 @@ def init(comm=None, process_sets=None) -> None:
         if ranks.size > 1:
             _configure_collectives(ranks)
         _RUNTIME = Runtime(ranks)
+        if ranks.size > 1 and settings.COMMUNICATION.get() == "gloo":
+            _RUNTIME.gloo = _join_gloo(ranks)
+
+
+def _join_gloo(ranks: Ranks):
+    """The Gloo group for the sums of `allreduce` and friends (TFDIST_COMMUNICATION=gloo)."""
+    from tfdist.strategy import gloo
+    from tfdist.strategy.peers import guarded
+
+    gloo.require_torch()
+    timeout = settings.STARTUP_TIMEOUT.get()
+    with guarded(ranks.cluster.task, "joined the Gloo group", timeout + 30):
+        return gloo.connect(
+            ranks.cluster, settings.COLLECTIVE_TIMEOUT.get() or None, join_timeout=timeout
+        )
 
 
 def shutdown() -> None:
