@@ -1,6 +1,8 @@
-"""Training throughput with gradient compression: examples/s of `model.fit` under
-multi_worker_mirrored (2 processes on loopback) with tfdist's `gradient_compression` None, "bf16"
-and "fp16", and with TensorFlow's default communication options.
+"""Training throughput with gradient compression and the Gloo transport: examples/s of
+`model.fit` under multi_worker_mirrored (2 processes on loopback) with tfdist's
+`gradient_compression` None, "bf16" and "fp16", with `communication="gloo"` (torch.distributed's
+Gloo, the extra tfdist[gloo]) without and with "bf16", and with TensorFlow's default
+communication options.
 
 Two models (synthetic data from a fixed seed, Adam, `steps_per_execution=1`):
 
@@ -8,11 +10,12 @@ Two models (synthetic data from a fixed seed, Adam, `steps_per_execution=1`):
   gradients a step), 32 examples per replica: the all-reduce dominates the step;
 - compute-bound: MLP 256 -> 256 -> 256 -> 10 (0.13M parameters), 4096 examples per replica.
 
-Two jobs run at once and take turns, one timed epoch (`fit(epochs=1)`) at a time, the order
+Three jobs run at once and take turns, one timed epoch (`fit(epochs=1)`) at a time, the order
 rotating every round: tfdist's job (`tfdist.make_strategy("multi_worker_mirrored")`, one model
-per compression, the strategy's compression switched before each model is built and traced)
-and TensorFlow's defaults (`make_strategy(..., communication_options=
-tf.distribute.experimental.CommunicationOptions())`: TensorFlow's default communication with
+per compression, the strategy's compression switched before each model is built and traced),
+the same with `communication="gloo"`, and TensorFlow's defaults (`make_strategy(...,
+communication_options=tf.distribute.experimental.CommunicationOptions())`: TensorFlow's default
+communication with
 tfdist's Keras fixes, so that only the communication differs). An epoch is timed as a whole fit
 of `steps` steps after an untimed warm-up fit (tracing); the slower process counts. Rows: medians
 over rounds, with the per-round ratios' min-max.
@@ -33,7 +36,8 @@ MODELS = {
     "communication-bound": {"layers": (1024, 2048, 2048, 1024), "batch": 32, "steps": 25},
     "compute-bound": {"layers": (256, 256, 256), "batch": 4096, "steps": 25},
 }
-VARIANTS = ("tf default", "None", "bf16", "fp16")
+VARIANTS = ("tf default", "None", "bf16", "fp16", "gloo", "gloo bf16")
+SIDES = {"tf": ("tf default",), "tfdist": ("None", "bf16", "fp16"), "gloo": ("gloo", "gloo bf16")}
 DEFAULT = {"rounds": 5}
 QUICK = {"rounds": 2}
 
@@ -71,7 +75,7 @@ def _build(name: str, strategy):
 
 
 def job(side: str, directory: str, rounds: int) -> dict:
-    """In each process of one side ("tf" or "tfdist"): {variant: {model: [examples/s]}}."""
+    """In each process of one side (`SIDES`): {variant: {model: [examples/s]}}."""
     import tensorflow as tf
 
     import tfdist
@@ -83,17 +87,19 @@ def job(side: str, directory: str, rounds: int) -> dict:
             communication_options=tf.distribute.experimental.CommunicationOptions(),
         )
     else:
-        strategy = tfdist.make_strategy("multi_worker_mirrored")
+        communication = "gloo" if side == "gloo" else "auto"
+        strategy = tfdist.make_strategy("multi_worker_mirrored", communication=communication)
     me = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     built, out = {}, {}
     for index, (_, name, variant) in enumerate(schedule(rounds)):
-        if (variant == "tf default") != (side == "tf"):
+        if variant not in SIDES[side]:
             continue
         common.wait_for_scheduled_turn(directory, index, timeout=600)
         spec = MODELS[name]
         if (name, variant) not in built:
-            if side == "tfdist":
-                compress_multi_worker(strategy, None if variant == "None" else variant)
+            if side != "tf":
+                mode = variant.split()[-1]
+                compress_multi_worker(strategy, mode if mode in ("bf16", "fp16") else None)
             model, data = _build(name, strategy)
             model.fit(data, steps_per_epoch=2, epochs=1, verbose=0)  # warm-up: tracing
             built[(name, variant)] = (model, data)
@@ -113,7 +119,7 @@ def measure(rounds: int) -> dict:
     env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
     samples = {}
     with tempfile.TemporaryDirectory(prefix="tfdist-compression-") as directory:
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        with concurrent.futures.ThreadPoolExecutor(len(SIDES)) as pool:
             futures = [
                 pool.submit(
                     common.run_fresh,
@@ -123,7 +129,7 @@ def measure(rounds: int) -> dict:
                     env=env,
                     timeout=1200,
                 )
-                for side in ("tf", "tfdist")
+                for side in SIDES
             ]
             for future in futures:
                 runs = future.result()
@@ -141,7 +147,8 @@ def run(quick: bool) -> list:
     samples = measure(cfg["rounds"])
     rows = []
     for name in MODELS:
-        tf_, none, bf16, fp16 = (samples[v][name] for v in VARIANTS)
+        tf_, none, bf16, fp16, gloo, gloo_bf16 = (samples[v][name] for v in VARIANTS)
+        bound = name == "communication-bound"
         scenario = f"fit, {name}, multi_worker_mirrored 2 processes"
         rows += [
             common.row(f"{scenario}, bf16", bf16, none, "no compression", "examples/s",
@@ -149,6 +156,10 @@ def run(quick: bool) -> list:
             common.row(f"{scenario}, fp16", fp16, none, "no compression", "examples/s"),
             common.row(f"{scenario}, tfdist default", none, tf_, "TF default options",
                        "examples/s", target=1.0),
+            common.row(f"{scenario}, gloo", gloo, none, "tfdist default (ring)", "examples/s",
+                       target=1.5 if bound else 0.97),
+            common.row(f"{scenario}, gloo bf16", gloo_bf16, gloo, "gloo", "examples/s",
+                       target=1.3 if bound else 0.97),
         ]  # fmt: skip
     for r in rows:
         r["settings"] = {**cfg, "models": MODELS}

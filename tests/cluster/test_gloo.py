@@ -221,3 +221,29 @@ def test_the_horovod_api_sums_through_gloo(run_cluster):
         assert got["max"] == [2.0]  # Max stays on TensorFlow's collectives
         assert got["gradient"] == [3.0] * 4
         assert got["sent"] >= 4, got  # sum, average, grouped (two dtypes), the gradient
+
+
+def test_a_killed_worker_restarts_the_gloo_job_from_its_backup(tmp_path):
+    import io
+    import os
+
+    from tfdist.launcher import launch
+
+    from helpers.paths import SCRIPTS
+
+    out = io.StringIO()
+    codes = launch(
+        os.path.join(SCRIPTS, "train_backup.py"),
+        [str(tmp_path), "--kill-worker-1-in-epoch", "2"],
+        workers=2,
+        max_restarts=1,
+        timeout=400,
+        out=out,
+        extra_env=GLOO,
+    )
+    text = out.getvalue()
+    assert codes == {"worker:0": 0, "worker:1": 0}, text[-3000:]
+    assert "Task worker:1 was killed by signal 9" in text
+    assert "Restarting the job (1/1) on fresh ports" in text
+    epochs = [line.split()[0] for line in (tmp_path / "epochs.log").read_text().splitlines()]
+    assert epochs == ["0", "1", "2"]  # every epoch once, across the restart (a new Gloo group)
