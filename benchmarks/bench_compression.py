@@ -81,6 +81,7 @@ def job(side: str, directory: str, rounds: int) -> dict:
     import tfdist
     from tfdist.strategy.compression import compress_multi_worker
 
+    common.keep_awake()
     if side == "tf":
         strategy = tfdist.make_strategy(
             "multi_worker_mirrored",

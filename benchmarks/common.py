@@ -327,6 +327,24 @@ def _wait_for_files(paths: Sequence[str], timeout: float, what: str) -> None:
         time.sleep(0.005)
 
 
+def keep_awake(period: float = 0.01) -> None:
+    """A daemon thread that wakes every `period` seconds and does nothing else.
+
+    On the shared 2-core VMs these benchmarks run on, a job whose threads all block (on a
+    collective, on a peer) sometimes takes two to four times its wall time for the same CPU
+    time, in whole multiples, as if the idle vCPU were slow to wake; a thread that keeps
+    waking made those rounds disappear. It costs about 100 wake-ups a second, the same in
+    every job of a comparison.
+    """
+    import threading
+
+    def tick():
+        while True:
+            time.sleep(period)
+
+    threading.Thread(target=tick, name="keep-awake", daemon=True).start()
+
+
 def wait_for_scheduled_turn(
     directory: str, index: int, processes: int = 2, timeout: float = 900.0
 ) -> None:

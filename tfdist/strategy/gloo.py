@@ -18,18 +18,20 @@ How it is wired:
 - **The all-reduce**: the patched `CollectiveAllReduce._all_reduce` (the fix record
   `tfdist.fixes.collectives.ALL_REDUCE`, which also casts for `gradient_compression=`) hands
   this module one replica's dense tensors: one pack per dtype (flattened and concatenated: a
-  buffer no one else holds) goes to one stateful `tf.numpy_function`, which sums it in place
-  with Gloo and gives it back; MEAN divides by the group's size after the sum, as TensorFlow's
-  collective does. TensorFlow runs a graph's stateful Python functions in the order they were
-  traced (automatic control dependencies), and every worker traces the same program, so the
-  workers call Gloo in the same order. `tf.IndexedSlices` (sparse gradients) stay on
+  buffer no one else holds; a pack of one tensor is copied first, it may be a variable's) goes
+  to one stateful `tf.numpy_function`, which sums it in place with Gloo and gives the same
+  buffer back (TensorFlow takes it without a copy); MEAN divides by the group's size after the
+  sum, as TensorFlow's collective does. TensorFlow runs a graph's stateful Python functions in
+  the order they were traced (automatic control dependencies), and every worker traces the same
+  program, so the workers call Gloo in the same order. `tf.IndexedSlices` (sparse gradients) stay on
   TensorFlow's collectives (an all-gather).
 - **Waits**: every Gloo call ends after the group's timeout (`timeout_seconds=` /
   TFDIST_COLLECTIVE_TIMEOUT, else `DEFAULT_TIMEOUT`) with an error naming the transport; a peer
   that dies closes its connections, and its peers' calls fail at once.
 
-One replica per process: Gloo reduces between processes. A worker with several local devices
-is refused at `make_strategy` (use "ring", or one device per worker).
+One replica per process, on its CPU: Gloo reduces between processes. A worker with GPUs is
+refused at `make_strategy` (`tfdist.strategy.communication.collective_options`: NCCL is the
+transport between GPUs).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ INSTALL = "pip install 'tfdist[gloo]' --extra-index-url https://download.pytorch
 # Seconds one Gloo call may wait for its peers when no collective timeout is set.
 DEFAULT_TIMEOUT = 1800.0
 STORE_KEY = "tfdist/gloo/store"
+# TensorFlow shares (does not copy) a returned numpy buffer aligned to this (EIGEN_MAX_ALIGN_BYTES)
+ALIGN = 64
 
 
 def require_torch():
@@ -140,7 +144,7 @@ class GlooGroup:
 
         def call(array):
             if not fresh or not array.flags.writeable:
-                array = np.array(array, copy=True)
+                array = _aligned_copy(np, array)
             return self.all_reduce_(array, bfloat16=bf16)
 
         out = tf.numpy_function(call, [sent], sent.dtype, stateful=True, name="GlooAllReduce")
@@ -181,6 +185,16 @@ class GlooGroup:
                 out[i] = tf.reshape(piece, tf.shape(values[i]))
                 out[i].set_shape(values[i].shape)
         return out
+
+
+def _aligned_copy(np, array):
+    """A copy of `array` at a 64-byte boundary: TensorFlow then takes the returned buffer as
+    it is (it copies an array that is not aligned for its kernels)."""
+    raw = np.empty(array.nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    out = raw[start : start + array.nbytes].view(array.dtype).reshape(array.shape)
+    np.copyto(out, array)
+    return out
 
 
 def connect(
