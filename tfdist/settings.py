@@ -245,7 +245,7 @@ COLLECTIVE_TIMEOUT = Setting(
     "`timeout_seconds=` wins",
     "`make_strategy` (multi_worker_mirrored)",
     "no limit (each timed collective costs TensorFlow a sleeping thread; dead peers are caught "
-    "by heartbeats)",
+    'by heartbeats); with `communication="gloo"`, 1800 s for each Gloo all-reduce',
 )
 NUM_PS = Setting(
     "TFDIST_NUM_PS",

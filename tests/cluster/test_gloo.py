@@ -2,8 +2,8 @@
 
 One 2-process job checks, on real processes over loopback: exact sums and means of every
 dtype Gloo carries, bf16 compression on top, sparse gradients (left to TensorFlow), and that
-Keras `fit` (its steps chosen per call by tfdist), `tfdist.fit` and a custom loop train as one
-device does on the global batch, with their gradients counted through Gloo. A second job loses
+Keras 3 `fit` (its steps chosen per call by tfdist), `tfdist.fit` and tf_keras `fit` train as
+one device does on the global batch, with their gradients counted through Gloo. A second job loses
 a worker: its peer's Gloo call fails at once, naming the transport, instead of hanging.
 """
 
@@ -32,6 +32,13 @@ def _model(keras, seed):
     )
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
     return model
+
+
+def _gap(model, reference) -> float:
+    import numpy as np
+
+    pairs = zip(model.get_weights(), reference.get_weights())
+    return max(float(np.max(np.abs(a - b))) for a, b in pairs)
 
 
 def gloo_job():
@@ -96,21 +103,28 @@ def gloo_job():
     sent.clear()
     model.fit(dataset, epochs=2, verbose=0)
     out["fit_bytes"] = sum(sent)
-    out["fit_gap"] = max(
-        float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), reference.get_weights())
-    )
+    out["fit_gap"] = _gap(model, reference)
     out["params_bytes"] = 4 * model.count_params()
 
     model = tfdist.fit(lambda: _model(keras, 2), dataset, strategy=strategy, verbose=0).model
     reference = _model(keras, 2)
     reference.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
-    out["tfdist_fit_gap"] = max(
-        float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), reference.get_weights())
-    )
+    out["tfdist_fit_gap"] = _gap(model, reference)
+
+    import tf_keras
+
+    with strategy.scope():
+        model = _model(tf_keras, 3)
+    sent.clear()
+    model.fit(dataset, epochs=1, verbose=0)
+    out["tf_keras_bytes"] = sum(sent)
+    reference = _model(tf_keras, 3)
+    reference.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
+    out["tf_keras_gap"] = _gap(model, reference)
     return out
 
 
-def test_sums_fit_and_tfdist_fit_through_gloo(run_cluster):
+def test_sums_and_every_fit_through_gloo(run_cluster):
     runs = run_cluster(gloo_job, workers=2, env=GLOO, timeout=300)
     for task, run in runs.items():
         got = run.value
@@ -124,6 +138,8 @@ def test_sums_fit_and_tfdist_fit_through_gloo(run_cluster):
         assert got["fit_bytes"] >= 8 * got["params_bytes"], got
         assert got["fit_gap"] < 1e-5, got
         assert got["tfdist_fit_gap"] < 1e-5, got
+        assert got["tf_keras_bytes"] >= 4 * got["params_bytes"], got  # tf_keras: 4 steps
+        assert got["tf_keras_gap"] < 1e-5, got
 
 
 def lost_peer_job(report):
