@@ -9,7 +9,10 @@
 - `communication`: the `communication=` vocabulary and the TensorFlow options it becomes.
 - `builders`: one builder per strategy (the one device, mirrored, default and
   parameter-server strategies; the multi-worker one from `multi_worker`).
-- `multi_worker`: MultiWorkerMirroredStrategy, once per process, and its exit barrier.
+- `multi_worker`: MultiWorkerMirroredStrategy, once per process, and its exit barrier (the
+  coordination leader leaves last).
+- `compression`: gradient compression (bf16, fp16) of the all-reduce.
+- `gloo`: `communication="gloo"`, the all-reduce over torch.distributed's Gloo (CPU workers).
 - `servers`: the worker and ps servers of a parameter-server job.
 - `peers`: the wait for a job's peers: bounded, ended by SIGTERM / SIGINT, naming who is missing.
 
