@@ -71,10 +71,23 @@ def test_mirrored_cross_device_ops(communication, devices, cls):
     assert type(mirrored_cross_device_ops(communication, devices)) is cls
 
 
+def test_gloo_on_gpu_replicas_is_refused_naming_nccl():
+    with pytest.raises(
+        ValueError,
+        match=r"communication='gloo' .* \['/gpu:0', '/gpu:1'\]\. HINT: use communication='nccl'",
+    ):
+        collective_options("gloo", GPU2)
+
+
+def test_gloo_leaves_tensorflows_own_collectives_on_the_ring():
+    options = collective_options("gloo", CPU4)
+    assert options.implementation == tf.distribute.experimental.CommunicationImplementation.RING
+
+
 @pytest.mark.parametrize(
     "strategy_fn, choices",
     [
-        (lambda: collective_options("nccl", CPU4), "'auto' or 'ring'"),
+        (lambda: collective_options("nccl", CPU4), "'auto' or 'ring' or 'gloo'"),
         (
             lambda: mirrored_cross_device_ops("nccl", ["/gpu:0", "/cpu:0"]),
             "'auto' or 'hierarchical_copy' or 'reduce_to_one_device'",
