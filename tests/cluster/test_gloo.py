@@ -41,6 +41,19 @@ def _gap(model, reference) -> float:
     return max(float(np.max(np.abs(a - b))) for a, b in pairs)
 
 
+def _counted(group) -> list:
+    """The bytes of every Gloo all-reduce `group` makes from now on, a list that grows."""
+    sent = []
+    reduce_ = group.all_reduce_
+
+    def counted(array, bfloat16=False):
+        sent.append(array.nbytes)
+        return reduce_(array, bfloat16=bfloat16)
+
+    group.all_reduce_ = counted
+    return sent
+
+
 def gloo_job():
     import keras
     import numpy as np
@@ -52,14 +65,7 @@ def gloo_job():
 
     strategy = tfdist.make_strategy()  # TFDIST_COMMUNICATION=gloo
     group = gloo.group_of(strategy)
-    sent = []
-    reduce_ = group.all_reduce_
-
-    def counted(array, bfloat16=False):
-        sent.append(array.nbytes)
-        return reduce_(array, bfloat16=bfloat16)
-
-    group.all_reduce_ = counted
+    sent = _counted(group)
     r = tfdist.detect_cluster().task_index + 1
     out = {"rank": group.rank, "size": group.size}
 
@@ -196,14 +202,7 @@ def horovod_job():
 
     hvd.init()  # TFDIST_COMMUNICATION=gloo
     group = runtime().gloo
-    sent = []
-    reduce_ = group.all_reduce_
-
-    def counted(array, bfloat16=False):
-        sent.append(array.nbytes)
-        return reduce_(array, bfloat16=bfloat16)
-
-    group.all_reduce_ = counted
+    sent = _counted(group)
     r = hvd.rank() + 1
     out = {
         "sum": hvd.allreduce(tf.fill([5], float(r)), op=hvd.Sum).numpy().tolist(),

@@ -290,14 +290,9 @@ def init(comm=None, process_sets=None) -> None:
 def _join_gloo(ranks: Ranks):
     """The Gloo group for the sums of `allreduce` and friends (TFDIST_COMMUNICATION=gloo)."""
     from tfdist.strategy import gloo
-    from tfdist.strategy.peers import guarded
 
-    gloo.require_torch()
-    timeout = settings.STARTUP_TIMEOUT.get()
-    with guarded(ranks.cluster.task, "joined the Gloo group", timeout + 30):
-        return gloo.connect(
-            ranks.cluster, settings.COLLECTIVE_TIMEOUT.get() or None, join_timeout=timeout
-        )
+    collective_timeout = settings.COLLECTIVE_TIMEOUT.get() or None
+    return gloo.join(ranks.cluster, collective_timeout, settings.STARTUP_TIMEOUT.get())
 
 
 def shutdown() -> None:

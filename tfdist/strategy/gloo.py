@@ -51,6 +51,7 @@ __all__ = [
     "connect",
     "dense",
     "group_of",
+    "join",
     "require_torch",
 ]
 
@@ -242,6 +243,15 @@ def connect(
     options._timeout = datetime.timedelta(seconds=timeout)
     group = dist.ProcessGroupGloo(store, rank, len(tasks), options)
     return GlooGroup(group, rank, len(tasks), timeout, keep=tuple(keep))
+
+
+def join(cluster: ClusterSpec, timeout: Optional[float], startup_timeout: float) -> GlooGroup:
+    """`connect`, guarded: SIGTERM, or `startup_timeout` + 30 s, ends this task (the join
+    waits inside TensorFlow and torch, where Python's signal handlers do not run)."""
+    from tfdist.strategy.peers import guarded
+
+    with guarded(cluster.task, "joined the Gloo group", startup_timeout + 30):
+        return connect(cluster, timeout, join_timeout=startup_timeout)
 
 
 def attach(strategy, group: GlooGroup) -> None:

@@ -140,10 +140,7 @@ def build_multi_worker(
         pieces = PIECE_BYTES if tuned else 0  # bytes_per_pack=0: TensorFlow's one pack, whole
         compress_multi_worker(strategy, compression, pieces)
         if gloo:
-            with guarded(cluster.task, "joined the Gloo group", startup_timeout + 30):
-                group = gloo_transport.connect(
-                    cluster, options.timeout_seconds, join_timeout=startup_timeout
-                )
+            group = gloo_transport.join(cluster, options.timeout_seconds, startup_timeout)
             gloo_transport.attach(strategy, group)
         _MWMS_CACHE[key] = strategy
         if resolver is not None:
@@ -273,14 +270,13 @@ def leader_leaves_last(cluster: ClusterSpec, timeout: float = 10.0) -> list:
     """
     import time
 
-    leader = ("chief" if cluster.has_chief else "worker", 0)
-    if (cluster.task_type, cluster.task_index) != leader:
+    if not cluster.is_chief:  # the leader: the chief, else worker 0
         return []
     peers = [
         address
         for job in ("chief", "worker")
         for index, address in enumerate(cluster.cluster.get(job, []))
-        if (job, index) != leader
+        if (job, index) != (cluster.task_type, cluster.task_index)
     ]
     deadline = time.monotonic() + timeout
     while peers and time.monotonic() < deadline:
