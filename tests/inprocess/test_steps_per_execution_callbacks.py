@@ -25,6 +25,11 @@ class EveryTestStep(keras.callbacks.Callback):
         pass
 
 
+class SavesEveryStep(keras.callbacks.ModelCheckpoint):
+    def on_train_batch_end(self, batch, logs=None):
+        pass
+
+
 @pytest.mark.parametrize(
     "callback, fit, evaluate",
     [
@@ -33,7 +38,11 @@ class EveryTestStep(keras.callbacks.Callback):
         (EveryEpoch(), 16, 16),
         (keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: None), 1, 16),
         (keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: None), 16, 16),
-        (keras.callbacks.ModelCheckpoint("model.keras", save_freq="epoch"), 1, 16),
+        (keras.callbacks.ModelCheckpoint("model.keras", save_freq="epoch"), 16, 16),
+        (keras.callbacks.ModelCheckpoint("model.keras", save_freq=5), 1, 16),
+        (SavesEveryStep("model.keras", save_freq="epoch"), 1, 16),
+        (keras.callbacks.BackupAndRestore("backup", save_freq="epoch"), 16, 16),
+        (keras.callbacks.BackupAndRestore("backup", save_freq=4), 1, 16),
         (keras.callbacks.EarlyStopping(), 16, 16),
         (keras.callbacks.ProgbarLogger(), 16, 16),  # Keras moves the bar once per call
         (keras.callbacks.History(), 16, 16),
@@ -43,3 +52,22 @@ def test_a_callback_with_a_batch_hook_keeps_one_step_per_call(callback, fit, eva
     assert MAX_STEPS_PER_EXECUTION == 16
     assert choose(32, [callback], "fit") == fit
     assert choose(32, keras.callbacks.CallbackList([callback]), "evaluate") == evaluate
+
+
+def test_tfdist_backup_takes_the_steps_per_call_its_backup_resumes_on(tmp_path):
+    import json
+
+    import tfdist
+    from tfdist.preemption.backup import BackupStore
+
+    backup = tfdist.BackupAndRestore(str(tmp_path))
+    assert choose(32, [backup], "fit") == 16  # no backup yet
+    assert choose(32, [tfdist.BackupAndRestore(str(tmp_path), save_freq=3)], "fit") == 1
+    state = BackupStore(str(tmp_path), is_chief=True).state_path
+    for step, k in ((0, 16), (6, 2), (24, 8), (5, 1)):  # a backup taken inside an epoch
+        with open(state, "w") as f:
+            json.dump({"checkpoint": "ckpt-1", "epoch": 0, "step": step}, f)
+        assert choose(32, [backup], "fit") == k, step
+    with open(state, "w") as f:
+        f.write("not a backup")
+    assert choose(32, [backup], "fit") == 1  # fit's on_train_begin names the bad state

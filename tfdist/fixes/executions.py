@@ -22,6 +22,10 @@ from tfdist.fixes.record import Fix
 # The most steps per call tfdist chooses: enough to spread the call's fixed cost over many
 # steps, few enough that a progress bar and a preemption notice still come within a moment.
 MAX_STEPS_PER_EXECUTION = 16
+# A callback that takes some steps per call and not others says so with a method of this name,
+# `(k) -> bool` (tfdist.BackupAndRestore: a backup taken inside an epoch resumes on a call
+# boundary); its batch hooks then do not make the choice 1.
+ACCEPTS_STEPS_PER_CALL = "_tfdist_accepts_steps_per_call"
 _BATCH_HOOKS = {
     "fit": (
         "on_batch_begin",
@@ -54,19 +58,25 @@ STEPS_PER_EXECUTION = Fix(
 def choose(steps, callbacks, kind: str) -> int:
     """The steps per call for a fit or evaluate of `steps` steps (None: until the data ends).
 
-    1 when a callback (other than Keras' progress bar and history) reads the logs of each
-    step; else the largest divisor of `steps` up to MAX_STEPS_PER_EXECUTION, so that no call
-    runs past the steps asked for (with no steps given, the data's end stops a call early).
+    1 when a callback (other than Keras' progress bar and history, and checkpoints saved once
+    an epoch) reads the logs of each step; else the largest divisor of `steps` up to
+    MAX_STEPS_PER_EXECUTION that every callback accepts, so that no call runs past the steps
+    asked for (with no steps given, the data's end stops a call early).
     """
-    if any(_reads_every_step(callback, kind) for callback in _listed(callbacks)):
+    listed = _listed(callbacks)
+    if any(_reads_every_step(callback, kind) for callback in listed):
         return 1
     if isinstance(steps, (list, tuple)):  # fit: the epoch's and validation's steps
         known = [int(s) for s in steps if s]  # (0 means "until the data ends" to Keras too)
         steps = functools.reduce(math.gcd, known) if known else None
     if not steps or int(steps) < 1:
-        return MAX_STEPS_PER_EXECUTION
+        steps = math.lcm(*range(1, MAX_STEPS_PER_EXECUTION + 1))  # every k divides it
     steps = int(steps)
-    return max(k for k in range(1, min(steps, MAX_STEPS_PER_EXECUTION) + 1) if steps % k == 0)
+    accepting = [c for c in listed if hasattr(c, ACCEPTS_STEPS_PER_CALL)]
+    for k in range(min(steps, MAX_STEPS_PER_EXECUTION), 1, -1):
+        if steps % k == 0 and all(getattr(c, ACCEPTS_STEPS_PER_CALL)(k) for c in accepting):
+            return k
+    return 1
 
 
 def _listed(callbacks) -> list:
@@ -81,7 +91,25 @@ def _reads_every_step(callback, kind: str) -> bool:
 
     if isinstance(callback, (keras_callbacks.ProgbarLogger, keras_callbacks.History)):
         return False  # Keras updates the bar per call; History keeps epoch logs
-    return any(_overridden(getattr(callback, hook, None)) for hook in _BATCH_HOOKS[kind])
+    if hasattr(callback, ACCEPTS_STEPS_PER_CALL):
+        return False  # it says which steps per call it takes (choose asks it)
+    hooks = [hook for hook in _BATCH_HOOKS[kind] if _overridden(getattr(callback, hook, None))]
+    if hooks and _saves_once_an_epoch(callback, hooks, keras_callbacks):
+        return False
+    return bool(hooks)
+
+
+def _saves_once_an_epoch(callback, hooks, keras_callbacks) -> bool:
+    """Keras' ModelCheckpoint or BackupAndRestore with save_freq="epoch", whose batch `hooks`
+    are all Keras' own (its on_train_batch_end does nothing at that frequency)."""
+    for saver in (keras_callbacks.ModelCheckpoint, keras_callbacks.BackupAndRestore):
+        if isinstance(callback, saver) and getattr(callback, "save_freq", None) == "epoch":
+            return all(
+                hook not in vars(callback)
+                and getattr(type(callback), hook) is getattr(saver, hook, None)
+                for hook in hooks
+            )
+    return False
 
 
 def _overridden(method) -> bool:
@@ -92,15 +120,17 @@ def _overridden(method) -> bool:
 
 
 def _agreed(strategy, k: int) -> int:
-    """1 when any worker's choice is 1 (its callbacks may differ from another's, as a callback
-    on the chief only does), else `k`: every worker then runs the same collectives."""
+    """`k` when every worker chose it, else 1 (a worker's callbacks may differ from another's,
+    as a callback on the chief only does): every worker then runs the same collectives."""
     if strategy.num_replicas_in_sync <= len(strategy.extended.worker_devices):
         return k  # one process: nothing to agree
     import tensorflow as tf
 
-    vote = 1.0 if k == 1 else 0.0  # every worker votes, whatever its choice
-    votes = strategy.reduce("SUM", strategy.run(lambda: tf.constant(vote)), axis=None)
-    return k if float(votes) == 0 else 1
+    # Each replica gives (k, k*k): the choices are all equal exactly when
+    # n * sum(k*k) == sum(k)**2 (Cauchy-Schwarz), with n replicas.
+    choice = tf.constant([float(k), float(k * k)], tf.float64)
+    total, squares = strategy.reduce("SUM", strategy.run(lambda: choice), axis=None).numpy()
+    return k if strategy.num_replicas_in_sync * squares == total * total else 1
 
 
 @contextlib.contextmanager

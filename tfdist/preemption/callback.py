@@ -171,6 +171,19 @@ class BackupAndRestore:
                     stacklevel=2,
                 )
 
+    def _tfdist_accepts_steps_per_call(self, k: int) -> bool:
+        """Whether fit may run `k` steps per call of the training function where compile left
+        one (tfdist.fixes.executions asks before fit): saving once an epoch, any `k` that the
+        steps of a backup taken inside an epoch are a multiple of (it resumes on a call's
+        boundary); saving every `save_freq` calls, only one step per call."""
+        if self.save_freq != "epoch":
+            return k == 1
+        try:
+            state = BackupStore(self.backup_dir, is_chief=False).latest()
+            return state is None or int(state.get("step") or 0) % k == 0
+        except (ValueError, TypeError, AttributeError):
+            return k == 1  # a state that is not a backup: on_train_begin names it
+
     def on_epoch_begin(self, epoch, logs=None):
         if self._ps is not None:
             return self._ps.on_epoch_begin(epoch)

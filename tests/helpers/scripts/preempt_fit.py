@@ -2,7 +2,7 @@
 
     python preempt_fit.py OUT BACKUP [--api keras|tfdist] [--signal TASK:STEP] [--epochs E]
                           [--save-freq K] [--steps-per-epoch S] [--no-backup] [--batch B]
-                          [--fail TASK=FILE] [--step-sleep SECONDS]
+                          [--fail TASK=FILE] [--step-sleep SECONDS] [--epoch-callbacks]
 
 The same command in every task (TF_CONFIG differs), or alone. With --signal worker:1:15, task
 worker:1 sends itself SIGTERM once `optimizer.iterations` is 15, the first time only (a marker
@@ -12,6 +12,10 @@ each task writes OUT/<task>.json: the weights, `iterations`, and the steps it tr
 (not the ones it skipped). OUT/training appears once the first step has trained, and each
 run appends "<task> <number of workers> <pid>" to OUT/runs.log. With --fail worker:2=FILE, task
 worker:2 dies (exit 1) at its third step while FILE exists.
+
+With --epoch-callbacks the script's own callback has epoch hooks only (so that tfdist may run
+several steps per call): the signal is then sent once the task's input pipeline has made STEP
+batches, "trained" is not counted, and OUT/<task>.json records the steps per call of each epoch.
 """
 
 import argparse
@@ -46,17 +50,39 @@ def problem(keras, tf, batch=8):
     return data, build
 
 
-def write_result(path, model, trained):
-    """The weights, `iterations` and the number of steps this run trained, as JSON."""
+def write_result(path, model, trained, per_call=()):
+    """The weights, `iterations`, the number of steps this run trained and the steps per call
+    of each epoch (with --epoch-callbacks), as JSON."""
     with open(path, "w") as f:
         json.dump(
             {
                 "weights": [w.tolist() for w in model.get_weights()],
                 "iterations": int(model.optimizer.iterations.numpy()),
                 "trained": len(trained),
+                "steps_per_call": list(per_call),
             },
             f,
         )
+
+
+def signal_at_batch(tf, signal_at, task, marker):
+    """A map over the batches that sends this task SIGTERM once it has made the batch number
+    given by `signal_at` ("TASK:STEP"), the first time only (the marker file)."""
+    who, _, step = (signal_at or "").rpartition(":")
+    made = [0]
+
+    def count(x):
+        made[0] += 1
+        if who == task and made[0] == int(step) and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGTERM)
+        return x
+
+    def mapped(x, y):
+        x = tf.numpy_function(count, [x], tf.float32, stateful=True)
+        return tf.ensure_shape(x, [None, 4]), y
+
+    return mapped
 
 
 def main():
@@ -72,6 +98,7 @@ def main():
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--fail", default=None, help="TASK=FILE: TASK dies while FILE exists")
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--epoch-callbacks", action="store_true")
     args = parser.parse_args()
     save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
 
@@ -109,7 +136,15 @@ def main():
                     open(marker, "w").close()
                     os.kill(os.getpid(), signal.SIGTERM)
 
-    callbacks = [Record()]
+    per_call = []
+
+    class RecordEpochs(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            per_call.append(int(self.model.steps_per_execution))
+
+    if args.epoch_callbacks:
+        data = data.map(signal_at_batch(tf, args.signal, task, marker))
+    callbacks = [RecordEpochs() if args.epoch_callbacks else Record()]
     if not args.no_backup:
         callbacks.insert(0, tfdist.BackupAndRestore(args.backup, save_freq=save_freq))
     if args.api == "keras":
@@ -131,7 +166,7 @@ def main():
             callbacks=callbacks,
             verbose=0,
         ).model
-    write_result(os.path.join(args.out, task.replace(":", "-") + ".json"), model, trained)
+    write_result(os.path.join(args.out, task.replace(":", "-") + ".json"), model, trained, per_call)
 
 
 if __name__ == "__main__":
