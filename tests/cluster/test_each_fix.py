@@ -58,27 +58,41 @@ def not_needed_here(name) -> bool:
         import tensorflow as tf
 
         version = releases.parse_version(tf.__version__)
+    elif fix.library == "tf_keras":
+        import tf_keras
+
+        version = releases.parse_version(tf_keras.__version__)
     else:
         version = flavour.keras_version_tuple()
     return fix.check(version)[0] == NOT_NEEDED
+
+
+def flavour_of(name) -> str:
+    """The Keras a fix's proofs run on: "1" (tf_keras) for a fix of tf_keras, else "0"."""
+    return "1" if FIXES[name].library == "tf_keras" else "0"
+
+
+def all_key(name) -> tuple:
+    """The run that has every fix on, for the proof of `name`."""
+    return ("all", PROOFS[name].kind, flavour_of(name))
 
 
 class Runs:
     """The runs the selected tests need, started at once; `get` waits for one (bounded)."""
 
     def __init__(self, names, directory):
-        kinds = list(dict.fromkeys(PROOFS[name].kind for name in names))
         plans = {}
-        for kind in kinds:
-            on = [name for name in names if PROOFS[name].kind == kind]
-            plans[("all", kind)] = (kind, on, {"TFDIST_KERAS_FIXES": "1"})
+        for key in dict.fromkeys(all_key(name) for name in names):
+            _, kind, legacy = key
+            on = [name for name in names if all_key(name) == key]
+            plans[key] = (kind, on, {"TFDIST_KERAS_FIXES": "1", "TF_USE_LEGACY_KERAS": legacy})
         for name in names:
             if not_needed_here(name):
                 continue  # the run with all fixes runs its proof without it
             plans[("without", name)] = (
                 PROOFS[name].kind,
                 [name],
-                {"TFDIST_KERAS_FIXES": f"-{name}"},
+                {"TFDIST_KERAS_FIXES": f"-{name}", "TF_USE_LEGACY_KERAS": flavour_of(name)},
             )
         # Multi-process runs first: they wait on each other and leave room for a single one.
         order = sorted(plans, key=lambda key: -fix_proofs.TASKS[plans[key][0]])
@@ -104,7 +118,8 @@ class Runs:
         return [dict(runs[task].value, seconds=seconds) for task in sorted(runs)]
 
     def get(self, key) -> list:
-        """Each task's result of run `key`: ("all", kind) or ("without", fix name)."""
+        """Each task's result of run `key`: ("all", kind, "0" or "1": TF_USE_LEGACY_KERAS) or
+        ("without", fix name)."""
         assert key in self._futures, f"no run {key}: this process judged the fix not needed"
         return self._futures[key].result(timeout=self._limit)
 
@@ -139,7 +154,7 @@ def test_removing_the_fix(fix, runs, request):
     note = request.node.user_properties.append  # each result, for --junitxml
     proof = PROOFS.get(fix)
     assert proof is not None, f"{fix} has no proof in tests/helpers/fix_proofs.py"
-    with_all = runs.get(("all", proof.kind))
+    with_all = runs.get(all_key(fix))
     state = with_all[0]["states"][fix]
     where = f"Keras {with_all[0]['keras']}, TensorFlow {with_all[0]['tensorflow']}"
     note(("state", state))

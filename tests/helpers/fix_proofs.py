@@ -756,6 +756,14 @@ _PROOFS = [
         _one(_steps_per_execution_chosen),
     ),
     Proof(
+        "tf_keras_steps_per_execution_chosen",
+        MULTI_WORKER,
+        "tf_keras fit of 30-step epochs on 2 workers runs 15 steps per call, and 1 where a "
+        "callback on the chief reads every step, with the same weights and logs (upstream: 1)",
+        scenarios.chosen_steps_per_execution,
+        _one(_steps_per_execution_chosen),
+    ),
+    Proof(
         "multi_worker_checkpoint_callbacks",
         MULTI_WORKER,
         "ModelCheckpoint + BackupAndRestore on 2 workers: only the chief writes the shared "

@@ -91,6 +91,13 @@ def mlp(strategy, features=4, optimizer=None, seed=1, **compile_kwargs):
     return model
 
 
+def steps_per_call(model) -> int:
+    """The model's steps_per_execution (tf_keras keeps it in a variable)."""
+    if flavour.uses_legacy_keras():
+        return int(model._steps_per_execution.numpy())
+    return int(model.steps_per_execution)
+
+
 def weights(model):
     return [np.asarray(w).tolist() for w in model.get_weights()]
 
@@ -247,7 +254,7 @@ def chosen_steps_per_execution(strategy):
             self.steps_per_execution = []
 
         def on_epoch_begin(self, epoch, logs=None):
-            self.steps_per_execution.append(self.model.steps_per_execution)
+            self.steps_per_execution.append(steps_per_call(self.model))
 
     class EveryStep(k.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -267,7 +274,7 @@ def chosen_steps_per_execution(strategy):
         )
         results[name] = {
             "seen": seen.steps_per_execution,
-            "after": model.steps_per_execution,
+            "after": steps_per_call(model),
             "iterations": int(model.optimizer.iterations.numpy()),
             "history": history.history,
             "weights": weights(model),

@@ -71,3 +71,29 @@ def test_tfdist_backup_takes_the_steps_per_call_its_backup_resumes_on(tmp_path):
     with open(state, "w") as f:
         f.write("not a backup")
     assert choose(32, [backup], "fit") == 1  # fit's on_train_begin names the bad state
+
+
+def test_tf_keras_callbacks_say_themselves_whether_they_read_every_step(monkeypatch):
+    legacy = pytest.importorskip("tf_keras")
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    callbacks = legacy.callbacks
+
+    class LegacyEveryStep(callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            pass
+
+    cases = [
+        (LegacyEveryStep(), 1),
+        (callbacks.LambdaCallback(on_batch_end=lambda batch, logs: None), 1),
+        (callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: None), 16),
+        (callbacks.ModelCheckpoint("model.keras", save_freq="epoch"), 16),
+        (callbacks.ModelCheckpoint("model.keras", save_freq=5), 1),
+        (callbacks.BackupAndRestore("backup"), 16),  # (tf_keras calls no batch hook of it)
+        (callbacks.BackupAndRestore("backup", save_freq=4), 1),
+        (callbacks.EarlyStopping(), 16),
+        (callbacks.ProgbarLogger(), 16),
+        (callbacks.History(), 16),
+    ]
+    for callback, k in cases:
+        assert choose(32, [callback], "fit") == k, callback
+    assert choose(32, callbacks.CallbackList([cases[0][0]]), "fit") == 1

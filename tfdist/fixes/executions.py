@@ -15,9 +15,10 @@ import functools
 import inspect
 import math
 
+from tfdist import flavour
 from tfdist.fixes import multi_worker
 from tfdist.fixes.keras_trainer import TF_TRAINER
-from tfdist.fixes.record import Fix
+from tfdist.fixes.record import Fix, Target
 
 # The most steps per call tfdist chooses: enough to spread the call's fixed cost over many
 # steps, few enough that a progress bar and a preemption notice still come within a moment.
@@ -87,16 +88,31 @@ def _listed(callbacks) -> list:
 
 
 def _reads_every_step(callback, kind: str) -> bool:
+    if hasattr(callback, ACCEPTS_STEPS_PER_CALL):
+        return False  # it says which steps per call it takes (choose asks it)
+    if flavour.uses_legacy_keras():
+        return _tf_keras_reads_every_step(callback, kind)
     from keras import callbacks as keras_callbacks
 
     if isinstance(callback, (keras_callbacks.ProgbarLogger, keras_callbacks.History)):
         return False  # Keras updates the bar per call; History keeps epoch logs
-    if hasattr(callback, ACCEPTS_STEPS_PER_CALL):
-        return False  # it says which steps per call it takes (choose asks it)
     hooks = [hook for hook in _BATCH_HOOKS[kind] if _overridden(getattr(callback, hook, None))]
     if hooks and _saves_once_an_epoch(callback, hooks, keras_callbacks):
         return False
     return bool(hooks)
+
+
+def _tf_keras_reads_every_step(callback, kind: str) -> bool:
+    """tf_keras' own rule: a callback says whether it implements batch hooks (its
+    ModelCheckpoint does not with save_freq="epoch")."""
+    from tf_keras import callbacks as legacy_callbacks
+
+    if isinstance(callback, (legacy_callbacks.ProgbarLogger, legacy_callbacks.History)):
+        return False
+    asks = ("_implements_test_batch_hooks",)
+    if kind == "fit":
+        asks += ("_implements_train_batch_hooks",)
+    return any(getattr(callback, ask, lambda: True)() for ask in asks)
 
 
 def _saves_once_an_epoch(callback, hooks, keras_callbacks) -> bool:
@@ -227,4 +243,115 @@ def _fix_steps_per_execution():
     tf_trainer_class.evaluate = chosen("evaluate")
 
 
-FIXES = (STEPS_PER_EXECUTION,)
+TF_KERAS_STEPS_PER_EXECUTION = Fix(
+    name="tf_keras_steps_per_execution_chosen",
+    summary=(
+        "tf_keras' fit calls its train function once per step unless compile says otherwise, "
+        "and under multi_worker_mirrored each step also all-reduces every metric's state in "
+        "collectives of its own (seven collectives a step for a loss and one metric)."
+    ),
+    upstream="none found",
+    strategies=("mirrored", "multi_worker_mirrored"),
+    consequence=(
+        "tf_keras fit of a small model runs at a fraction of a hand-written loop's speed under "
+        "multi_worker_mirrored (benchmarks/bench_fit_step.py); results are the same."
+    ),
+    library="tf_keras",
+)
+_TF_KERAS_MODEL = "tf_keras.src.engine.training:Model"
+
+
+@TF_KERAS_STEPS_PER_EXECUTION.variant(
+    "2.16",
+    targets=[
+        Target(f"{_TF_KERAS_MODEL}.fit", ("self", "x", "y", "batch_size")),
+        Target(f"{_TF_KERAS_MODEL}.make_train_function", ("self", "force")),
+        Target(f"{_TF_KERAS_MODEL}.get_metrics_result", ("self",)),
+    ],
+)
+def _fix_tf_keras_steps_per_execution():
+    # tf_keras' Model.fit (tf_keras/src/engine/training.py) calls its train function once per
+    # step with compile's default steps_per_execution=1, and each step's logs come from
+    # get_metrics_result(): every metric's result() in a merge_call, which all-reduces each
+    # of its sync-on-read totals on its own, then reduce_per_replica's "sum", one strategy.reduce
+    # per log. A loss and one metric: seven collectives a step with the gradients' one. Its
+    # own steps_per_execution=K loop computes the logs at every one of the K steps. So where
+    # the model's setting is 1 and no callback implements a batch hook, fit runs K steps per
+    # call (chosen as for Keras 3) through a train function of tfdist's: K-1 steps of
+    # upstream's step with get_metrics_result() giving no logs (the metrics still update), then
+    # upstream's step, logs and all: the same steps, weights and logs at each call's end. The
+    # model's setting and functions are back after the call.
+    import tensorflow as tf
+    from tensorflow.python.distribute import mirrored_strategy
+    from tf_keras.src.engine import training
+
+    original = training.Model.fit
+    signature = inspect.signature(original)
+    make_train_function = training.Model.make_train_function
+
+    def eligible(model) -> bool:
+        strategy = getattr(model, "_distribution_strategy", None) or model.distribute_strategy
+        setting = getattr(model, "_steps_per_execution", None)
+        return (
+            isinstance(getattr(strategy, "extended", None), mirrored_strategy.MirroredExtended)
+            and setting is not None
+            and int(setting.numpy()) == 1
+            and not model.autotune_steps_per_execution
+            and not model.run_eagerly
+            and not model.jit_compile
+            and getattr(model, "_cluster_coordinator", None) is None
+            and type(model).make_train_function is make_train_function
+        )
+
+    def k_steps(model, one_step):
+        """Upstream's one-step train function, run K times a call (K: the model's setting)."""
+        step = one_step.python_function
+
+        def without_logs(iterator):
+            model.__dict__["get_metrics_result"] = dict  # (while traced) {}: no collectives
+            try:
+                step(iterator)
+            finally:
+                del model.__dict__["get_metrics_result"]
+
+        def train_function(iterator):
+            for _ in tf.range(model._steps_per_execution - 1):
+                without_logs(iterator)
+            return step(iterator)
+
+        return tf.function(train_function, reduce_retracing=True)
+
+    @contextlib.contextmanager
+    def executing(model, k: int):
+        token = (model.optimizer, model.compiled_loss, model.compiled_metrics)
+        cache = model.__dict__.get("_tfdist_functions")
+        if cache is None or any(a is not b for a, b in zip(cache["token"], token)):
+            cache = model.__dict__["_tfdist_functions"] = {"token": token}
+        own = (model.train_function, getattr(model, "train_tf_function", None))
+        if "steps" not in cache:
+            model.train_function = None
+            cache["steps"] = k_steps(model, make_train_function(model, force=True))
+        model._steps_per_execution.assign(k)
+        model.train_function = cache["steps"]
+        try:
+            yield
+        finally:
+            model._steps_per_execution.assign(1)
+            model.train_function, model.train_tf_function = own
+
+    @functools.wraps(original)
+    def fit(self, *args, **kwargs):
+        if not eligible(self):
+            return original(self, *args, **kwargs)
+        arguments = signature.bind(self, *args, **kwargs).arguments
+        k = choose(_steps_of("fit", arguments), arguments.get("callbacks"), "fit")
+        k = _agreed(self.distribute_strategy, k)
+        if k == 1:
+            return original(self, *args, **kwargs)
+        with executing(self, k):
+            return original(self, *args, **kwargs)
+
+    training.Model.fit = fit
+
+
+FIXES = (STEPS_PER_EXECUTION, TF_KERAS_STEPS_PER_EXECUTION)

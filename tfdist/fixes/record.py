@@ -228,7 +228,8 @@ class Fix:
         upstream: str. The upstream issue ("keras-team/keras#20585"), or "none found".
         strategies: tuple of str. The strategies where the bug shows.
         consequence: str. What behaves as upstream when the fix is not applied.
-        library: str. "keras" (Keras 3; tf_keras needs none of these) or "tensorflow".
+        library: str. "keras" (Keras 3), "tf_keras" (the legacy Keras 2, when
+            TF_USE_LEGACY_KERAS=1) or "tensorflow".
         fixed_in: str or None. The first Keras release that fixed the bug upstream; from there
             on the fix is not applied.
         absent_before: str or None. Why releases older than every variant need no fix (e.g. the
@@ -296,8 +297,8 @@ class Fix:
 
     @property
     def library_name(self) -> str:
-        """The library whose release picks the variant: "Keras" or "TensorFlow"."""
-        return "TensorFlow" if self.library == "tensorflow" else "Keras"
+        """The library whose release picks the variant: "Keras", "tf_keras" or "TensorFlow"."""
+        return {"tensorflow": "TensorFlow", "tf_keras": "tf_keras"}.get(self.library, "Keras")
 
     @property
     def releases(self) -> str:

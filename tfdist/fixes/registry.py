@@ -93,6 +93,8 @@ def _status(fix: Fix, version, skip: set):
     """(FixStatus, the variant to apply or None): the targets are checked once, here."""
     if flavour.uses_legacy_keras() and fix.library == "keras":
         return FixStatus(fix.name, NOT_NEEDED, "tf_keras is in use: the bug is Keras 3's"), None
+    if not flavour.uses_legacy_keras() and fix.library == "tf_keras":
+        return FixStatus(fix.name, NOT_NEEDED, "Keras 3 is in use: the bug is tf_keras'"), None
     if not fixes_enabled():
         return FixStatus(fix.name, OFF, f"{settings.KERAS_FIXES.name}=0"), None
     if fix.name in skip:
