@@ -281,7 +281,9 @@ def chosen_steps_per_execution(strategy):
             "evaluate": model.evaluate(data, verbose=0),
         }
     chosen, every_step = results["chosen"], results["every_step"]
+    fix = "tf_keras_steps_per_execution_chosen" if flavour.uses_legacy_keras() else None
     return {
+        "state": fix_state(fix or "steps_per_execution_chosen"),
         "seen": chosen["seen"],
         "seen_with_a_step_callback": every_step["seen"],
         "after": chosen["after"],

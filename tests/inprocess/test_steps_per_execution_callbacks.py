@@ -30,6 +30,10 @@ class SavesEveryStep(keras.callbacks.ModelCheckpoint):
         pass
 
 
+@pytest.mark.skipif(
+    flavour.keras_version_tuple() < (3, 7),
+    reason="the fix is for Keras >= 3.7 (older Keras marks no default hook)",
+)
 @pytest.mark.parametrize(
     "callback, fit, evaluate",
     [
