@@ -361,6 +361,28 @@ HOROVOD_SHIM = Setting(
     "`0`",
 )
 
+GPUS = Setting(
+    "TFDIST_GPUS",
+    _count,
+    None,
+    "`N` stands for N GPUs (ids 0 to N-1) where `tfdist launch` hands GPUs out to its tasks, "
+    "in place of `CUDA_VISIBLE_DEVICES` or what `nvidia-smi` lists: a CPU host then plans "
+    "the job as a GPU host would (tests)",
+    "`tfdist launch`, `tfdist.launch`, `tfdist horovodrun`",
+    "unset",
+)
+GPU_MEMORY_GROWTH = Setting(
+    "TFDIST_GPU_MEMORY_GROWTH",
+    _flag,
+    True,
+    "`0` lets every task of `tfdist launch` that shares its GPUs with another "
+    "(`--gpus-per-worker shared`) reserve almost all of their memory, as TensorFlow does by "
+    "default; by default such a task gets `TF_FORCE_GPU_ALLOW_GROWTH=true` (a value of your "
+    "own of that variable is kept)",
+    "`tfdist launch`, `tfdist.launch`, `tfdist horovodrun`",
+    "`1`",
+)
+
 SETTINGS = (
     STRATEGY,
     COMMUNICATION,
@@ -379,6 +401,8 @@ SETTINGS = (
     VERBOSE,
     HOROVOD_SHIM,
     PRELOAD,
+    GPUS,
+    GPU_MEMORY_GROWTH,
 )
 
 

@@ -196,7 +196,7 @@ def test_a_chief_or_an_unknown_task_is_a_slot_that_cannot_be_lost():
         ((1, 2, 3), 0, ["workers=(1, 2, 3)", "HINT"]),
         ((1.5, 2), 0, ["workers=(1.5, 2)", "HINT"]),
         ((True, 2), 0, ["workers=(True, 2)", "HINT"]),
-        ("2:3", 0, ["workers='2:3'", "HINT: e.g. workers=2, or workers=(2, 3)"]),
+        ("2:3", 0, ["workers='2:3'", "HINT: e.g. workers=2, workers=(2, 3)"]),
         ((2, 3), 1, ["workers=(2, 3)", "ps=1", "HINT: a parameter-server job already keeps"]),
     ],
 )

@@ -89,6 +89,8 @@ CASES = {
     ),
     settings.PRELOAD: ([("1", True), ("on", True), ("0", False), ("off", False)], ["fork"]),
     settings.HOROVOD_SHIM: ([("1", True), ("yes", True), ("0", False), ("", False)], ["horovod"]),
+    settings.GPUS: ([("0", 0), ("4", 4), (" 8 ", 8)], ["two", "-1", "0,1"]),
+    settings.GPU_MEMORY_GROWTH: ([("1", True), ("0", False), ("off", False)], ["grow"]),
 }
 
 

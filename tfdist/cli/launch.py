@@ -29,15 +29,18 @@ def _grace(text: str) -> float:
 
 
 def _workers(text: str):
-    """`--workers N` (an int; N < 1 is refused later, with --ps), or `MIN:MAX` (a pair)."""
+    """`--workers N` (an int; N < 1 is refused later, with --ps), `MIN:MAX` (a pair), or
+    `gpu` (one worker per GPU, or per --gpus-per-worker GPUs)."""
+    if text.strip().lower() == "gpu":
+        return "gpu"
     low, sep, high = text.partition(":")
     try:
         values = [int(low)] + ([int(high)] if sep else [])
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is neither a number of workers N nor a range MIN:MAX of whole numbers. "
-            "HINT: e.g. --workers 2, or --workers 2:3 (an elastic job: start 3 workers, go on "
-            "with 2 when a worker slot is lost for good)."
+            "HINT: e.g. --workers 2, --workers 2:3 (an elastic job: start 3 workers, go on "
+            "with 2 when a worker slot is lost for good), or --workers gpu (one per GPU)."
         ) from None
     if not sep:
         return values[0]
@@ -55,6 +58,27 @@ def _workers(text: str):
     return low, high
 
 
+def _gpus_per_worker(text: str):
+    from tfdist.gpus import GpuError, per_worker
+
+    try:
+        return per_worker(text)
+    except GpuError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _num_proc(text: str):
+    """`-np N` or `-np gpu`."""
+    if text.strip().lower() == "gpu":
+        return "gpu"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of processes. HINT: e.g. -np 2, or -np gpu (one per GPU)."
+        ) from None
+
+
 def add_commands(sub) -> None:
     """Adds `launch`, `horovodrun` and `serve` to the subparsers `sub`."""
     _add_launch_parser(sub)
@@ -68,9 +92,29 @@ def _add_launch_parser(sub) -> None:
         "--workers",
         type=_workers,
         default=1,
-        metavar="N|MIN:MAX",
+        metavar="N|MIN:MAX|gpu",
         help="number of workers (default 1); MIN:MAX for an elastic job that starts MAX workers "
-        "and goes on down to MIN (SIGUSR1 to the launcher gives a lost worker slot back)",
+        "and goes on down to MIN (SIGUSR1 to the launcher gives a lost worker slot back); gpu "
+        "for one worker per GPU (per --gpus-per-worker GPUs)",
+    )
+    lau.add_argument(
+        "--gpus-per-worker",
+        "--gpus_per_worker",
+        type=_gpus_per_worker,
+        default="auto",
+        metavar="K|auto|shared",
+        help="GPUs each training task sees, its own (sets its CUDA_VISIBLE_DEVICES): auto "
+        "(default) shares the host's GPUs out evenly, K gives each K, shared lets every task "
+        "see every GPU and take only the memory it uses; nothing is set on a host without GPUs",
+    )
+    lau.add_argument(
+        "--evaluator-gpus",
+        "--evaluator_gpus",
+        type=int,
+        default=0,
+        metavar="K",
+        help="GPUs of the evaluator task (default 0: ps tasks, a parameter-server job's chief "
+        "and the evaluator see no GPU)",
     )
     lau.add_argument("--ps", type=int, default=0, help="number of parameter servers")
     lau.add_argument("--chief", action="store_true", help="add a chief task")
@@ -144,7 +188,15 @@ def _add_horovodrun_parser(sub) -> None:
         "and have no effect.",
         allow_abbrev=False,  # the script's own flags (--out) are not prefixes of these
     )
-    hvd.add_argument("-np", "--num-proc", "--num_proc", dest="num_proc", type=int, required=True)
+    hvd.add_argument(
+        "-np",
+        "--num-proc",
+        "--num_proc",
+        dest="num_proc",
+        type=_num_proc,
+        required=True,
+        help="number of processes, or gpu: one per GPU (each sees every GPU, as with horovodrun)",
+    )
     hvd.add_argument("-H", "--hosts", help="this machine's slots, e.g. localhost:2")
     hvd.add_argument("--hostfile", "--host-file", help="a hostfile (`localhost slots=2`)")
     hvd.add_argument(
@@ -184,7 +236,13 @@ def _add_horovodrun_parser(sub) -> None:
 def _refusal(args) -> Optional[str]:
     """Why `tfdist launch` cannot run these flags (the message, with its fix), or None."""
     elastic = isinstance(args.workers, tuple)
-    if (not elastic and args.workers < 1) or args.ps < 0 or args.max_restarts < 0:
+    if args.evaluator_gpus < 0 or (args.evaluator_gpus and not args.evaluator):
+        return (
+            f"--evaluator-gpus {args.evaluator_gpus} needs an evaluator task and a number >= 0. "
+            "HINT: e.g. --evaluator --evaluator-gpus 1"
+        )
+    counted = not elastic and args.workers != "gpu"
+    if (counted and args.workers < 1) or args.ps < 0 or args.max_restarts < 0:
         return (
             "--workers must be >= 1, --ps and --max-restarts >= 0 "
             f"(received --workers {args.workers} --ps {args.ps} --max-restarts "
@@ -200,8 +258,12 @@ def _refusal(args) -> Optional[str]:
             f"workers, e.g. --workers {high} --ps {args.ps}."
         )
     if not args.module and not os.path.exists(args.target):
-        return f"script {args.target!r} does not exist. HINT: give a path, or -m module.name"
+        return _no_script(args)
     return None
+
+
+def _no_script(args) -> str:
+    return f"script {args.target!r} does not exist. HINT: give a path, or -m module.name"
 
 
 def _extra_env(args) -> Optional[dict]:
@@ -217,6 +279,7 @@ def _extra_env(args) -> Optional[dict]:
 
 def launch_command(args) -> int:
     """Runs (or with `--dry-run`, prints) the job; returns `tfdist launch`'s exit code."""
+    from tfdist import gpus
     from tfdist.launcher.job import plan_job
     from tfdist.launcher.outcome import GRACE_SECONDS, exit_code
     from tfdist.launcher.restarts import launch_job
@@ -234,23 +297,32 @@ def launch_command(args) -> int:
         evaluator=args.evaluator,
         module=args.module,
         extra_env=_extra_env(args),
+        gpus_per_worker=args.gpus_per_worker,
+        evaluator_gpus=args.evaluator_gpus,
     )
-    if args.dry_run:
-        workers = args.workers[1] if isinstance(args.workers, tuple) else args.workers
-        for plan in plan_job(args.target, script_args, workers=workers, **job):
-            print(plan.describe())
-        return 0
-    result = launch_job(
-        args.target,
-        script_args,
-        workers=args.workers,
-        **job,
-        max_restarts=args.max_restarts,
-        timeout=args.timeout,
-        grace=GRACE_SECONDS if args.grace is None else args.grace,
-        log_dir=args.log_dir,
-        verbose=args.verbose,
-    )
+    try:
+        workers = args.workers
+        if workers == "gpu":
+            workers = gpus.worker_count(gpus.visible(), args.gpus_per_worker, args.evaluator_gpus)
+        if args.dry_run:
+            high = workers[1] if isinstance(workers, tuple) else workers
+            for plan in plan_job(args.target, script_args, workers=high, **job):
+                print(plan.describe())
+            return 0
+        result = launch_job(
+            args.target,
+            script_args,
+            workers=workers,
+            **job,
+            max_restarts=args.max_restarts,
+            timeout=args.timeout,
+            grace=GRACE_SECONDS if args.grace is None else args.grace,
+            log_dir=args.log_dir,
+            verbose=args.verbose,
+        )
+    except gpus.GpuError as err:
+        print(f"tfdist launch: error: {err}", file=sys.stderr)
+        return 2
     return exit_code(result)
 
 

@@ -22,7 +22,7 @@ import socket
 import sys
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from tfdist import settings
+from tfdist import gpus, settings
 from tfdist.horovod.process import Ranks, ranks_from_environment
 
 __all__ = [
@@ -182,6 +182,13 @@ def launch_settings(args) -> dict:
             "timeline. HINT: profile with TensorFlow's profiler "
             "(tf.profiler.experimental.start(logdir)) and TensorBoard."
         )
+    if args.num_proc == "gpu":
+        args.num_proc = len(gpus.visible())
+        if not args.num_proc:
+            raise HorovodrunError(
+                "-np gpu starts one process per GPU, and this machine shows none (nvidia-smi "
+                "lists none, or CUDA_VISIBLE_DEVICES names none). HINT: give a number, e.g. -np 2."
+            )
     if args.num_proc < 1:
         raise HorovodrunError(f"-np must be >= 1 (received -np {args.num_proc}).")
     if args.hosts and args.hostfile:
@@ -208,4 +215,7 @@ def launch_settings(args) -> dict:
         verbose=True if args.verbose else None,
         timeout=args.timeout,
         python=python,
+        # as horovodrun: every process sees every GPU and pins its own (hvd.local_rank()),
+        # taking only the memory it uses
+        gpus_per_worker=gpus.SHARED,
     )

@@ -9,7 +9,8 @@
 - `smoke_job`: the 2-process job `tfdist doctor` runs.
 - `run_function`: the child side of `tfdist.testing.run_cluster` (one function in one task).
 
-The tasks run in a private network namespace (`tfdist.netns`) where the system allows it.
+Which GPUs each task sees is `tfdist.gpus`. The tasks run in a private network namespace
+(`tfdist.netns`) where the system allows it.
 Nothing here imports TensorFlow at import time.
 """
 

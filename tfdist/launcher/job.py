@@ -40,6 +40,7 @@ import time
 import warnings
 from typing import Callable, List, Mapping, Optional, Sequence, TextIO
 
+from tfdist import gpus as gpu_lib
 from tfdist import netns, settings
 from tfdist import training_report as _report
 from tfdist.cluster import ClusterSpec
@@ -83,6 +84,9 @@ def plan_job(
     cluster: Optional[ClusterSpec] = None,
     python: Optional[str] = None,
     extra_env: Optional[Mapping[str, str]] = None,
+    gpus_per_worker: Optional[gpu_lib.PerWorker] = None,
+    evaluator_gpus: int = 0,
+    visible_gpus: Optional[Sequence[str]] = None,
 ) -> List[TaskPlan]:
     """Computes the command and environment of every task of a local job. Spawns nothing.
 
@@ -94,9 +98,16 @@ def plan_job(
         cluster: ClusterSpec. Use these addresses instead of fresh loopback ports.
         python: str. The interpreter. Defaults to the current one.
         extra_env: mapping. More variables for every task.
+        gpus_per_worker: "auto", "shared" or K: how the GPUs are handed out
+            (`tfdist.gpus`); None leaves every task the launcher's GPUs.
+        evaluator_gpus: int. GPUs for the evaluator task (default none).
+        visible_gpus: list of str. The GPUs to hand out. Defaults to `gpus.visible()`.
 
     Returns:
         list[TaskPlan], in TF_CONFIG task order.
+
+    Raises:
+        GpuError: the GPUs asked for are not there (before anything starts).
     """
     if not isinstance(target, str) or not target:
         raise ValueError(
@@ -108,6 +119,11 @@ def plan_job(
         cluster = ClusterSpec.local(workers=workers, ps=ps, chief=chief, evaluator=evaluator)
     python = python or sys.executable
     script = [python, "-m", target] if module else [python, target]
+    on_gpus = {}
+    if gpus_per_worker is not None:
+        on_gpus = gpu_lib.plan(
+            cluster.tasks, cluster.num_ps, gpus_per_worker, evaluator_gpus, visible_gpus
+        )
     plans = []
     for job, index in cluster.tasks:
         serves = bool(cluster.num_ps) and job in ("worker", "ps")
@@ -120,6 +136,7 @@ def plan_job(
                 filter(None, (startup.FOLDER, os.environ.get("PYTHONPATH")))
             ),
             settings.TASK.name: f"{job}:{index}",
+            **on_gpus.get(f"{job}:{index}", {}),
         }
         env.update(extra_env or {})
         if extra_env and "PYTHONPATH" in extra_env:  # theirs, after the start-up folder

@@ -23,6 +23,7 @@ import sys
 import threading
 from typing import Dict, List, Mapping, Optional, Sequence, TextIO, Tuple, Union
 
+from tfdist import gpus as gpu_lib
 from tfdist import settings
 from tfdist.errors import is_count
 from tfdist.launcher.job import check_grace, check_timeout, plan_job, run_job
@@ -71,8 +72,9 @@ def check_workers(workers, ps: int = 0) -> Tuple[int, int]:
         return int(workers[0]), int(workers[1])
     if isinstance(workers, str):
         raise ValueError(
-            f"workers must be a number of workers or a pair (MIN, MAX). Received: "
-            f"workers={workers!r}. HINT: e.g. workers=2, or workers=(2, 3) for an elastic job."
+            f"workers must be a number of workers, a pair (MIN, MAX) or 'gpu'. Received: "
+            f"workers={workers!r}. HINT: e.g. workers=2, workers=(2, 3) for an elastic job, or "
+            "workers='gpu' for one worker per GPU."
         )
     return workers, workers
 
@@ -195,6 +197,8 @@ def launch(
     check: bool = False,
     verbose: Optional[bool] = None,
     grow: Optional[threading.Event] = None,
+    gpus_per_worker: Union[int, str] = gpu_lib.AUTO,
+    evaluator_gpus: int = 0,
 ) -> Dict[str, int]:
     """Runs `target` as a local multi-process job; the Python twin of `tfdist launch`.
 
@@ -210,7 +214,8 @@ def launch(
         workers: int, or a pair (MIN, MAX): an elastic multi-worker job, which starts with MAX
             workers, goes on with one worker fewer when a worker slot has failed more than
             `max_restarts` times (down to MIN), and with one more on SIGUSR1 to the launcher
-            (or when `grow` is set). Not with `ps`.
+            (or when `grow` is set). Not with `ps`. "gpu": one worker per `gpus_per_worker`
+            GPUs of this host.
         ps / chief / evaluator: the other tasks of the job (see `plan_job`).
         max_restarts: int. Restart the whole job, on fresh ports, at most this many times after
             a failure (in an elastic job: per worker slot). Defaults to 0.
@@ -224,12 +229,18 @@ def launch(
             oneDNN notices). Defaults to TFDIST_VERBOSE (off). Errors are always forwarded.
         grow: threading.Event. An elastic job only: set it (from any thread) to give back one
             worker slot lost for good, like SIGUSR1 does.
+        gpus_per_worker: "auto" (default: the host's GPUs shared out evenly among the tasks
+            that train, each its own), a number K of GPUs each, or "shared" (every task sees
+            every GPU, and takes only the memory it uses). Nothing is set on a host without
+            GPUs. See `tfdist.gpus`.
+        evaluator_gpus: int. GPUs of the evaluator task (default 0: it runs on the CPU).
 
     Returns:
         dict: task name ("worker:0") -> exit code of the last attempt.
 
     Raises:
         ValueError: a bad `workers`, `max_restarts`, `timeout` or `grace`.
+        GpuError (a ValueError): the GPUs asked for are not there; no task was started.
         JobFailed: with `check=True`, when the job did not end done.
     """
     return launch_job(
@@ -250,6 +261,8 @@ def launch(
         check=check,
         verbose=verbose,
         grow=grow,
+        gpus_per_worker=gpus_per_worker,
+        evaluator_gpus=evaluator_gpus,
     ).returncodes
 
 
@@ -273,6 +286,8 @@ def launch_job(
     verbose: Optional[bool] = None,
     grow: Optional[threading.Event] = None,
     python: Optional[str] = None,
+    gpus_per_worker: Union[int, str] = gpu_lib.AUTO,
+    evaluator_gpus: int = 0,
 ) -> JobResult:
     """`launch`, returning the `JobResult` of the last attempt instead of its exit codes:
     `tfdist launch` and `tfdist horovodrun` make their exit code from it (`exit_code`).
@@ -293,6 +308,14 @@ def launch_job(
             f"max_restarts must be a non-negative integer. Received: "
             f"max_restarts={max_restarts!r}. HINT: 0 runs the job once; 1 restarts it once."
         )
+    per = gpu_lib.per_worker(gpus_per_worker)
+    if not is_count(evaluator_gpus):
+        raise gpu_lib.GpuError(
+            f"evaluator_gpus must be a whole number >= 0. Received: {evaluator_gpus!r}. "
+            "HINT: 0 runs the evaluator on the CPU; 1 gives it a GPU of its own."
+        )
+    if isinstance(workers, str) and workers.strip().lower() == "gpu":
+        workers = gpu_lib.worker_count(gpu_lib.visible(), per, evaluator_gpus)
     low, high = check_workers(workers, ps)
     elastic = isinstance(workers, (tuple, list))
     if grow is not None and not elastic:
@@ -310,6 +333,8 @@ def launch_job(
             module=module,
             extra_env=extra_env,
             python=python,
+            gpus_per_worker=per,
+            evaluator_gpus=evaluator_gpus,
         ),
         workers=workers,
         slots=_Slots(low, high, max_restarts) if elastic else None,

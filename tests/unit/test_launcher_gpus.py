@@ -1,0 +1,173 @@
+"""Which GPUs each task of a local job sees (tfdist/gpus.py), on simulated GPU lists:
+the assignment, the refusals before anything starts, memory growth, and the `tfdist launch` /
+`tfdist horovodrun` flags. Real processes: tests/cluster/test_launcher_gpus_jobs.py."""
+
+import stat
+
+import pytest
+
+from tfdist import gpus
+from tfdist.cli import main
+from tfdist.launcher import plan_job
+
+WORKERS_2 = [("worker", 0), ("worker", 1)]
+
+
+def test_visible_gpus_come_from_the_simulation_then_cuda_visible_devices_then_nvidia_smi(
+    tmp_path, monkeypatch
+):
+    assert gpus.visible({"TFDIST_GPUS": "3", "CUDA_VISIBLE_DEVICES": "5"}) == ["0", "1", "2"]
+    assert gpus.visible({"CUDA_VISIBLE_DEVICES": "4, 2,GPU-8e1f"}) == ["4", "2", "GPU-8e1f"]
+    assert gpus.visible({"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert gpus.visible({"CUDA_VISIBLE_DEVICES": "1,-1,2"}) == ["1"]  # CUDA stops at -1
+    assert gpus.visible({"TFDIST_GPUS": "0"}) == []
+    with pytest.raises(ValueError, match=r"TFDIST_GPUS must be a non-negative integer.*'two'"):
+        gpus.visible({"TFDIST_GPUS": "two"})
+    # neither set: what nvidia-smi lists (a stand-in on PATH), none without it
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text("#!/bin/sh\nprintf '0\\n1\\n'\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert gpus.visible({}) == ["0", "1"]
+    plan = gpus.plan(WORKERS_2, 0, env={})
+    assert plan["worker:1"] == {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    tool.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    assert gpus.visible({}) == []
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert gpus.visible({}) == []
+
+
+@pytest.mark.parametrize(
+    "tasks, ps, found, per, evaluator, expected",
+    [
+        pytest.param(WORKERS_2, 0, "0123", "auto", 0, {"worker:0": "0,1", "worker:1": "2,3"}),
+        pytest.param(WORKERS_2, 0, "0123", 1, 0, {"worker:0": "0", "worker:1": "1"}),
+        pytest.param(
+            [("chief", 0), ("worker", 0), ("evaluator", 0)],
+            0,
+            "0123",
+            "auto",
+            1,
+            {"chief:0": "0", "worker:0": "1", "evaluator:0": "3"},
+            id="the chief trains; the evaluator's GPU is the last",
+        ),
+        pytest.param(
+            [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)],
+            1,
+            "01",
+            "auto",
+            0,
+            {"chief:0": "", "worker:0": "0", "worker:1": "1", "ps:0": ""},
+            id="a ps job's chief coordinates: no GPU, nor for the ps",
+        ),
+        pytest.param(
+            WORKERS_2 + [("evaluator", 0)],
+            0,
+            "01",
+            "shared",
+            0,
+            {"worker:0": "0,1", "worker:1": "0,1", "evaluator:0": ""},
+        ),
+        pytest.param(WORKERS_2, 0, "", "auto", 0, {"worker:0": None, "worker:1": None}),
+    ],
+)
+def test_each_training_task_gets_its_own_gpus_in_order(tasks, ps, found, per, evaluator, expected):
+    assert gpus.assign(tasks, ps, list(found), per, evaluator) == expected
+
+
+@pytest.mark.parametrize(
+    "tasks, found, per, evaluator, says",
+    [
+        (WORKERS_2 + [("worker", 2)], "01", "auto", 0, r"3 training task\(s\) with 1 GPU"),
+        (WORKERS_2, "0123", 3, 0, r"with 3 GPU\(s\) each need 6 GPU\(s\).*4 GPU\(s\) \(0,1,2,3\)"),
+        (WORKERS_2, "01", "auto", 1, r"and 1 for the evaluator need 3"),
+        (WORKERS_2, "", 1, 0, r"was given no GPU"),
+    ],
+)
+def test_too_few_gpus_is_refused_naming_what_was_seen_and_the_fix(
+    tasks, found, per, evaluator, says
+):
+    with pytest.raises(gpus.GpuError, match=says) as refused:
+        gpus.assign(tasks, 0, list(found), per, evaluator)
+    assert "HINT: --workers gpu" in str(refused.value) and "shared" in str(refused.value)
+
+
+def test_gpus_per_worker_values():
+    assert [gpus.per_worker(v) for v in ("auto", " Shared ", "2", 3)] == ["auto", "shared", 2, 3]
+    for bad in ("0", "-1", "1.5", "all", True):
+        with pytest.raises(gpus.GpuError, match=r"whole number >= 1, 'auto' or 'shared'"):
+            gpus.per_worker(bad)
+
+
+def test_one_worker_per_gpu_or_per_k_gpus():
+    assert gpus.worker_count(list("0123")) == 4
+    assert gpus.worker_count(list("0123"), 2) == 2
+    assert gpus.worker_count(list("01234"), 2, evaluator_gpus=1) == 2
+    with pytest.raises(gpus.GpuError, match=r"was given no GPU.*--workers 2"):
+        gpus.worker_count([])
+
+
+def test_tasks_that_share_gpus_take_only_the_memory_they_use():
+    env = {"TFDIST_GPUS": "2"}
+    shared = gpus.plan(WORKERS_2, 0, "shared", env=env)
+    assert shared["worker:0"] == {
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+    }
+    own = gpus.plan(WORKERS_2, 0, "auto", env=env)
+    assert own == {
+        "worker:0": {"CUDA_VISIBLE_DEVICES": "0"},
+        "worker:1": {"CUDA_VISIBLE_DEVICES": "1"},
+    }
+    alone = gpus.plan([("worker", 0)], 0, "shared", env=env)  # nobody to share with
+    assert alone == {"worker:0": {"CUDA_VISIBLE_DEVICES": "0,1"}}
+    off = gpus.plan(WORKERS_2, 0, "shared", env=dict(env, TFDIST_GPU_MEMORY_GROWTH="0"))
+    assert "TF_FORCE_GPU_ALLOW_GROWTH" not in off["worker:1"]
+    theirs = gpus.plan(WORKERS_2, 0, "shared", env=dict(env, TF_FORCE_GPU_ALLOW_GROWTH="false"))
+    assert theirs["worker:1"]["TF_FORCE_GPU_ALLOW_GROWTH"] == "false"
+    assert "CUDA_DEVICE_ORDER" not in shared["worker:0"]  # the simulation's ids are not PCI ids
+
+
+def test_plan_job_hands_out_the_gpus_only_when_asked():
+    plans = plan_job("train.py", workers=2, gpus_per_worker="auto", visible_gpus=["3", "7"])
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plans] == ["3", "7"]
+    assert all("CUDA_VISIBLE_DEVICES" not in p.env for p in plan_job("train.py", workers=2))
+    theirs = plan_job(
+        "train.py",
+        workers=2,
+        gpus_per_worker=1,
+        visible_gpus=["0", "1"],
+        extra_env={"CUDA_VISIBLE_DEVICES": "5"},
+    )
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in theirs] == ["5", "5"]  # extra_env wins
+
+
+def test_launch_flags_hand_out_the_gpus_and_refuse_before_starting(tmp_path, capsys, monkeypatch):
+    script = tmp_path / "train.py"
+    ran = tmp_path / "ran"
+    script.write_text(f"open({str(ran)!r}, 'w').close()\n")
+    monkeypatch.setenv("TFDIST_GPUS", "4")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert (
+        main(["launch", "--workers", "gpu", "--gpus-per-worker", "2", "--dry-run", str(script)])
+        == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("CUDA_VISIBLE_DEVICES=")[1].split()[0] for line in lines] == [
+        "'0,1'",
+        "'2,3'",
+    ]
+    assert main(["launch", "--workers", "5", str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "5 training task(s) with 1 GPU(s) each need 5 GPU(s)" in err and "0,1,2,3" in err
+    assert not ran.exists()  # refused before any task started
+    with pytest.raises(SystemExit):
+        main(["launch", "--gpus-per-worker", "0", str(script)])
+    assert "whole number >= 1" in capsys.readouterr().err
+    assert main(["launch", "--evaluator-gpus", "1", str(script)]) == 2
+    assert "needs an evaluator task" in capsys.readouterr().err
+    monkeypatch.setenv("TFDIST_GPUS", "0")
+    assert main(["launch", "--workers", "gpu", str(script)]) == 2
+    assert "--workers gpu starts one worker per 1 GPU(s)" in capsys.readouterr().err
+    assert main(["horovodrun", "-np", "gpu", "python", str(script)]) == 2
+    assert "-np gpu starts one process per GPU" in capsys.readouterr().err
