@@ -31,6 +31,7 @@ __all__ = [
     "SHARED",
     "GpuError",
     "assign",
+    "describe",
     "per_worker",
     "plan",
     "visible",
@@ -62,12 +63,17 @@ def visible(env: Optional[Mapping[str, str]] = None) -> List[str]:
 
 
 def _nvidia_smi() -> List[str]:
+    return [row[0] for row in _query("index") if row[0].isdigit()]
+
+
+def _query(fields: str) -> List[List[str]]:
+    """nvidia-smi's rows for `fields` (CSV, no header, no units); [] without a working one."""
     tool = shutil.which("nvidia-smi")
     if tool is None:
         return []
     try:
         listed = subprocess.run(
-            [tool, "--query-gpu=index", "--format=csv,noheader"],
+            [tool, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=_PROBE_SECONDS,
@@ -75,7 +81,29 @@ def _nvidia_smi() -> List[str]:
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return []  # a driver that does not answer: no GPU the tasks could use either
-    return [line.strip() for line in listed.splitlines() if line.strip().isdigit()]
+    return [[cell.strip() for cell in line.split(",")] for line in listed.splitlines() if line]
+
+
+def describe() -> List[Dict[str, object]]:
+    """The GPUs the driver lists (nvidia-smi), for `tfdist env`: index, name, compute
+    capability ("8.0"; None where the driver does not say) and memory in MiB."""
+    rows = _query("index,name,memory.total,compute_cap")
+    if not rows:  # drivers before 510 do not know compute_cap
+        rows = [row + ["[N/A]"] for row in _query("index,name,memory.total")]
+    out = []
+    for row in rows:
+        if len(row) != 4 or not row[0].isdigit():
+            continue
+        index, name, memory, capability = row
+        out.append(
+            {
+                "index": int(index),
+                "name": name,
+                "memory_mib": int(memory) if memory.isdigit() else None,
+                "compute_capability": capability if capability[:1].isdigit() else None,
+            }
+        )
+    return out
 
 
 def per_worker(value) -> PerWorker:

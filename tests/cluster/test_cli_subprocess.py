@@ -153,11 +153,30 @@ def test_exported_tf_config_survives_a_shell():
 ENV_SPEC = ClusterSpec.from_hosts(workers=["127.0.0.1:23456", "127.0.0.1:23457"], task_index=1)
 
 
+# A stand-in for nvidia-smi on a host whose driver lists 2 GPUs that TensorFlow cannot use.
+NVIDIA_SMI = """#!/bin/sh
+case "$*" in
+  *compute_cap*) printf '%s\n' '0, NVIDIA A100-SXM4-40GB, 40960, 8.0' \
+                        '1, NVIDIA A100-SXM4-40GB, 40960, 8.0' ;;
+  *) printf '0\n1\n' ;;
+esac
+"""
+
+
 @pytest.fixture(scope="module")
-def env_reports():
-    """`tfdist env --json` with a 2-worker TF_CONFIG and with no cluster, run concurrently."""
+def env_reports(tmp_path_factory):
+    """`tfdist env --json` with a 2-worker TF_CONFIG, with no cluster, and with a driver that
+    lists 2 GPUs (a stand-in nvidia-smi), run concurrently."""
     command = _tfdist_command() + ["env", "--json"]
-    envs = {"tf_config": _child_env(TF_CONFIG=ENV_SPEC.to_json()), "none": _child_env()}
+    tools = tmp_path_factory.mktemp("tools")
+    (tools / "nvidia-smi").write_text(NVIDIA_SMI)
+    (tools / "nvidia-smi").chmod(0o755)
+    path = os.pathsep.join([str(tools), os.environ.get("PATH", "")])
+    envs = {
+        "tf_config": _child_env(TF_CONFIG=ENV_SPEC.to_json()),
+        "none": _child_env(),
+        "driver_gpus": _child_env(PATH=path),
+    }
     procs = {
         name: subprocess.Popen(
             command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -208,6 +227,55 @@ def test_env_json_without_cluster(env_reports):
     assert "TF_CONFIG" not in report["environment_variables"]
     expected = "mirrored" if len(report["replica_devices"]) > 1 else "one_device"
     assert report["auto_strategy"] == expected
+
+
+def test_env_shows_the_gpus_the_driver_lists_and_why_tensorflow_sees_none(env_reports):
+    import tensorflow as tf
+
+    gpus = _report(env_reports, "driver_gpus")["gpus"]
+    a100 = {"name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960, "compute_capability": "8.0"}
+    assert gpus["driver_lists"] == [dict(a100, index=0), dict(a100, index=1)]
+    assert gpus["tensorflow_sees"] == []  # this host has no GPU
+    build = tf.sysconfig.get_build_info()
+    assert gpus["cuda_build"] is bool(build.get("is_cuda_build"))
+    assert gpus["cuda_version"] == build.get("cuda_version")
+    assert gpus["problem"].startswith("TensorFlow sees none of the 2 GPU(s) the driver lists")
+    assert "HINT:" in gpus["problem"]
+    assert "problem" not in _report(env_reports, "none")["gpus"]  # no driver, no problem
+
+
+def test_env_prints_one_line_per_gpu_fact(capsys):
+    from tfdist.cli.environment import _print_gpus
+
+    _print_gpus(
+        {
+            "gpus": {
+                "driver_lists": [
+                    {
+                        "index": 0,
+                        "name": "Tesla V100",
+                        "memory_mib": None,
+                        "compute_capability": None,
+                    }
+                ],
+                "tensorflow_sees": [
+                    {
+                        "device": "/physical_device:GPU:0",
+                        "name": "Tesla V100",
+                        "compute_capability": "7.0",
+                    }
+                ],
+                "cuda_build": True,
+                "cuda_version": "12.5.1",
+                "cudnn_version": "9",
+            }
+        }
+    )
+    assert capsys.readouterr().out.splitlines() == [
+        "gpus             0 Tesla V100 (compute capability ?, ? MiB)",
+        "tensorflow gpus  /physical_device:GPU:0 Tesla V100 (7.0)",
+        "built with       CUDA 12.5.1, cuDNN 9",
+    ]
 
 
 def test_env_reports_the_release_status_and_every_fix(env_reports):

@@ -171,3 +171,20 @@ def test_launch_flags_hand_out_the_gpus_and_refuse_before_starting(tmp_path, cap
     assert "--workers gpu starts one worker per 1 GPU(s)" in capsys.readouterr().err
     assert main(["horovodrun", "-np", "gpu", "python", str(script)]) == 2
     assert "-np gpu starts one process per GPU" in capsys.readouterr().err
+
+
+def test_the_driver_s_gpus_are_described_even_where_it_predates_compute_cap(tmp_path, monkeypatch):
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *compute_cap*) echo "Field compute_cap is not a valid field" >&2; exit 2;; '
+        "esac\nprintf '0, Tesla K80, 11441\\n1, Tesla K80, [N/A]\\n'\n"
+    )
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert gpus.describe() == [
+        {"index": 0, "name": "Tesla K80", "memory_mib": 11441, "compute_capability": None},
+        {"index": 1, "name": "Tesla K80", "memory_mib": None, "compute_capability": None},
+    ]
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert gpus.describe() == []

@@ -37,6 +37,7 @@ def environment_report() -> dict:
     devices = local_devices()
     report["replica_devices"] = devices
     gpus = tf.config.list_physical_devices("GPU")
+    report["gpus"] = gpu_report(tf, gpus)
     report["nccl"] = {
         "usable": bool(gpus) and tf.test.is_built_with_cuda(),
         "reason": (
@@ -53,6 +54,70 @@ def environment_report() -> dict:
     }
     report.update(_cluster_report(devices))
     return report
+
+
+def gpu_report(tf, seen) -> dict:
+    """The GPUs: what the driver lists (nvidia-smi), what TensorFlow sees (`seen`, its physical
+    GPUs) with their compute capability, and the CUDA / cuDNN TensorFlow was built with."""
+    from tfdist import gpus as gpu_lib
+
+    build = tf.sysconfig.get_build_info()
+    tensorflow_sees = []
+    for gpu in seen:
+        details = tf.config.experimental.get_device_details(gpu)
+        capability = details.get("compute_capability")
+        tensorflow_sees.append(
+            {
+                "device": gpu.name,
+                "name": details.get("device_name"),
+                "compute_capability": ".".join(map(str, capability)) if capability else None,
+            }
+        )
+    listed = gpu_lib.describe()
+    report = {
+        "driver_lists": listed,
+        "tensorflow_sees": tensorflow_sees,
+        "cuda_build": bool(build.get("is_cuda_build")),
+        "cuda_version": build.get("cuda_version"),
+        "cudnn_version": build.get("cudnn_version"),
+    }
+    if listed and not seen:
+        report["problem"] = (
+            f"TensorFlow sees none of the {len(listed)} GPU(s) the driver lists"
+            + (
+                f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r} hides them)"
+                if "CUDA_VISIBLE_DEVICES" in os.environ
+                else ""
+            )
+            + (
+                '. HINT: pip install "tensorflow[and-cuda]" (this TensorFlow is built without CUDA)'
+                if not report["cuda_build"]
+                else f". HINT: a driver for CUDA {report['cuda_version']} or newer, and the CUDA "
+                "libraries that tensorflow[and-cuda] installs"
+            )
+        )
+    return report
+
+
+def _print_gpus(report: dict) -> None:
+    gpus = report["gpus"]
+    listed = [
+        f"{g['index']} {g['name']} (compute capability {g['compute_capability'] or '?'}, "
+        f"{g['memory_mib'] if g['memory_mib'] is not None else '?'} MiB)"
+        for g in gpus["driver_lists"]
+    ]
+    print(f"{'gpus':16} {'; '.join(listed) if listed else 'none (nvidia-smi lists none)'}")
+    seen = [
+        f"{g['device']} {g['name']} ({g['compute_capability']})" for g in gpus["tensorflow_sees"]
+    ]
+    print(f"{'tensorflow gpus':16} {'; '.join(seen) if seen else 'none'}")
+    if gpus["cuda_build"]:
+        built = f"CUDA {gpus['cuda_version']}, cuDNN {gpus['cudnn_version']}"
+    else:
+        built = "without CUDA (a CPU build)"
+    print(f"{'built with':16} {built}")
+    if "problem" in gpus:
+        print(f"{'gpu problem':16} {gpus['problem']}")
 
 
 def _cluster_report(devices) -> dict:
@@ -119,6 +184,7 @@ def print_report(report: dict) -> None:
     _print_releases(report)
     print(f"{'devices':16} {', '.join(report['physical_devices'])}")
     print(f"{'replicas':16} {', '.join(report['replica_devices'])}")
+    _print_gpus(report)
     print(f"{'nccl':16} {'yes' if report['nccl']['usable'] else 'no'} ({report['nccl']['reason']})")
     _print_cluster(report)
     print(f"{'auto strategy':16} {report['auto_strategy']}")
