@@ -319,7 +319,13 @@ def _fix_tf_keras_steps_per_execution():
                 without_logs(iterator)
             return step(iterator)
 
-        return tf.function(train_function, reduce_retracing=True)
+        function = tf.function(train_function, reduce_retracing=True)
+        # TensorFlow warns of "excessive" retracing when a function's code traced often among
+        # its last calls: here each model and each kind of input traces once, and a fit makes
+        # few calls of K steps, so the warning would fire on correct use (on tf.function's
+        # own attribute for that; where a release lacks it, setting it does nothing).
+        function._omit_frequent_tracing_warning = True
+        return function
 
     @contextlib.contextmanager
     def executing(model, k: int):
