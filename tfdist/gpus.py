@@ -11,7 +11,8 @@ a parameter-server job, where it coordinates) each get their own GPUs, in task o
 How many per task (`--gpus-per-worker`): "auto" (the default) shares the GPUs out evenly, and
 refuses a job with more training tasks than GPUs; a number K gives each K; "shared" lets every
 training task see every GPU, each then taking only the memory it uses
-(`TF_FORCE_GPU_ALLOW_GROWTH=true`, unless TFDIST_GPU_MEMORY_GROWTH=0). On a host without GPUs
+(`TF_FORCE_GPU_ALLOW_GROWTH=true`, unless TFDIST_GPU_MEMORY_GROWTH=0) and all-reducing on the
+ring (`TFDIST_COMMUNICATION=ring`: NCCL refuses two ranks on one GPU). On a host without GPUs
 nothing is set. `--workers gpu` starts one training task per K GPUs.
 
 Nothing here imports TensorFlow.
@@ -187,8 +188,10 @@ def plan(
     env: Optional[Mapping[str, str]] = None,
 ) -> Dict[str, Dict[str, str]]:
     """Each task's GPU variables: CUDA_VISIBLE_DEVICES (from `assign`, over `gpus`, default
-    `visible(env)`); TF_FORCE_GPU_ALLOW_GROWTH where a task shares its GPUs with another;
-    CUDA_DEVICE_ORDER=PCI_BUS_ID where the ids are nvidia-smi's (CUDA's own order differs).
+    `visible(env)`); where a task shares its GPUs with another, TF_FORCE_GPU_ALLOW_GROWTH
+    (memory) and TFDIST_COMMUNICATION=ring (NCCL fails with "Duplicate GPU detected" when two
+    ranks use one GPU; a value of the caller's own is kept); CUDA_DEVICE_ORDER=PCI_BUS_ID where
+    the ids are nvidia-smi's (CUDA's own order differs).
 
     Raises:
         GpuError: as `assign`.
@@ -203,6 +206,8 @@ def plan(
         variables = {} if devices is None else {"CUDA_VISIBLE_DEVICES": devices}
         if devices and growth:
             variables["TF_FORCE_GPU_ALLOW_GROWTH"] = env.get("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+        if devices and shared:
+            variables[settings.COMMUNICATION.name] = env.get(settings.COMMUNICATION.name, "ring")
         if devices and from_smi and "CUDA_DEVICE_ORDER" not in env:
             variables["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         out[name] = variables

@@ -74,3 +74,31 @@ def _check_verdict(job, expected):
     assert len(failures) == len(expected)
     for failure, text in zip(failures, expected):
         assert text in failure
+
+
+def test_the_nccl_check_runs_on_two_gpus_or_more_and_says_what_it_found():
+    from tfdist.cli.doctor import nccl_arguments, nccl_line
+
+    assert nccl_arguments(["/cpu:0", "/cpu:1"]) is None
+    assert nccl_arguments(["/gpu:0"]) is None
+    assert nccl_arguments(["/gpu:0", "/gpu:1"]) == []
+    assert nccl_line(["/cpu:0"], None) == (
+        "skipped  NCCL all-reduce: it needs 2 GPUs, and TensorFlow sees 0"
+    )
+    assert nccl_line(["/gpu:0"], None).endswith("sees 1 (one GPU trains without all-reduce)")
+    gpus = ["/gpu:0", "/gpu:1"]
+    ok = {"outcome": "ok", "devices": gpus, "bus_gb_per_s": 81.5}
+    assert nccl_line(gpus, ok) == (
+        "OK       NCCL all-reduce between 2 GPUs: exact sums, 81.5 GB/s bus bandwidth on 64 MiB"
+    )
+    failed = nccl_line(gpus, {"outcome": "timeout", "error": "no result in 120 s"})
+    assert failed.startswith("FAILED   NCCL all-reduce between 2 GPUs: no result in 120 s. HINT")
+    assert "NCCL_DEBUG=INFO" in failed and "TFDIST_COMMUNICATION=ring" in failed
+
+
+def test_the_smoke_job_gives_each_worker_its_own_gpu_or_runs_on_cpus():
+    from tfdist.cli.doctor import smoke_gpus
+
+    assert smoke_gpus([]) == {}
+    assert smoke_gpus(["0"]) == {"extra_env": {"CUDA_VISIBLE_DEVICES": ""}}
+    assert smoke_gpus(["3", "5"]) == {"gpus_per_worker": "auto", "visible_gpus": ["3", "5"]}

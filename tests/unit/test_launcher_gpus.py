@@ -113,6 +113,7 @@ def test_tasks_that_share_gpus_take_only_the_memory_they_use():
     assert shared["worker:0"] == {
         "CUDA_VISIBLE_DEVICES": "0,1",
         "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+        "TFDIST_COMMUNICATION": "ring",  # NCCL refuses two ranks on one GPU
     }
     own = gpus.plan(WORKERS_2, 0, "auto", env=env)
     assert own == {
@@ -126,6 +127,8 @@ def test_tasks_that_share_gpus_take_only_the_memory_they_use():
     theirs = gpus.plan(WORKERS_2, 0, "shared", env=dict(env, TF_FORCE_GPU_ALLOW_GROWTH="false"))
     assert theirs["worker:1"]["TF_FORCE_GPU_ALLOW_GROWTH"] == "false"
     assert "CUDA_DEVICE_ORDER" not in shared["worker:0"]  # the simulation's ids are not PCI ids
+    nccl = gpus.plan(WORKERS_2, 0, "shared", env=dict(env, TFDIST_COMMUNICATION="nccl"))
+    assert nccl["worker:0"]["TFDIST_COMMUNICATION"] == "nccl"  # the caller's own choice
 
 
 def test_plan_job_hands_out_the_gpus_only_when_asked():

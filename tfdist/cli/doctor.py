@@ -1,6 +1,8 @@
 """`tfdist doctor`: the `tfdist env` report, the problems it shows, and a real smoke test.
 
-The smoke test is a 2-worker job on loopback (`tfdist.launcher.smoke_job`): an all-reduce, a
+Where TensorFlow sees two GPUs or more, the doctor first all-reduces between them through NCCL
+in a process of its own (`tfdist.cli.nccl_check`, bounded). The smoke test is a 2-worker job on
+loopback (`tfdist.launcher.smoke_job`): an all-reduce, a
 3-step multi-worker fit, then scenarios that exercise tfdist's fixes. `diagnose` and
 `smoke_verdict` turn what they find into problems and failures, each with its fix.
 """
@@ -8,9 +10,10 @@ The smoke test is a 2-worker job on loopback (`tfdist.launcher.smoke_job`): an a
 from __future__ import annotations
 
 import os
-from typing import List, Mapping, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 from tfdist import settings
+from tfdist.cli import nccl_check
 from tfdist.cli.arguments import seconds
 from tfdist.cli.environment import environment_report, print_report
 
@@ -66,6 +69,34 @@ def diagnose(env: Mapping[str, str], devices: Sequence[str]) -> List[str]:
     return problems
 
 
+def nccl_arguments(devices: Sequence[str]) -> Optional[List[str]]:
+    """The arguments of the doctor's NCCL check (`tfdist.cli.nccl_check`) for the replica
+    `devices`: every GPU, where there are two or more; None (no check) otherwise."""
+    gpus = [d for d in devices if "gpu" in d.lower()]
+    return [] if len(gpus) >= 2 else None
+
+
+def nccl_line(devices: Sequence[str], result: Optional[dict]) -> str:
+    """The doctor's line for the NCCL check's `result` (None: not run)."""
+    gpus = [d for d in devices if "gpu" in d.lower()]
+    if result is None:
+        return (
+            f"{'skipped':8} NCCL all-reduce: it needs 2 GPUs, and TensorFlow sees {len(gpus)}"
+            + (" (one GPU trains without all-reduce)" if len(gpus) == 1 else "")
+        )
+    if result["outcome"] == "ok":
+        return (
+            f"{'OK':8} NCCL all-reduce between {len(result['devices'])} GPUs: exact sums, "
+            f"{result['bus_gb_per_s']:g} GB/s bus bandwidth on 64 MiB"
+        )
+    return (
+        f"{'FAILED':8} NCCL all-reduce between {len(gpus)} GPUs: {result['error']}. HINT: run "
+        "with NCCL_DEBUG=INFO to see why; until it works, train with "
+        "communication='hierarchical_copy' (mirrored) or 'ring' (multi_worker_mirrored), or "
+        "TFDIST_COMMUNICATION=ring."
+    )
+
+
 def _task_failures(name: str, output: Sequence[str]) -> List[str]:
     """The failures one smoke task's output shows (the job ended in time)."""
     failures = []
@@ -119,16 +150,36 @@ def scenario_outcomes(lines: Sequence[str]) -> dict:
     return outcomes
 
 
+def smoke_gpus(gpus: Sequence[str]) -> dict:
+    """How the smoke job's 2 workers use the launcher's `gpus`: with two or more, each gets
+    its own (`tfdist launch`'s "auto"); with one, the workers run on CPUs, since two processes
+    that each reserve a GPU's memory (or are two NCCL ranks on it) fail for that reason alone.
+    Returns `plan_job` keyword arguments."""
+    if len(gpus) >= 2:
+        return {"gpus_per_worker": "auto", "visible_gpus": list(gpus)}
+    if gpus:
+        return {"extra_env": {"CUDA_VISIBLE_DEVICES": ""}}
+    return {}
+
+
 def _smoke_job(timeout: float):
     """Runs the 2-worker smoke job (quietly); returns its JobResult."""
     import tempfile
 
+    from tfdist import gpus
     from tfdist.launcher.job import plan_job, run_job
 
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", settings.STRATEGY.name: "multi_worker_mirrored"}
+    on_gpus = smoke_gpus(gpus.visible())
+    env.update(on_gpus.pop("extra_env", {}))
     with tempfile.TemporaryDirectory(prefix="tfdist-doctor-") as directory:
         plans = plan_job(
-            "tfdist.launcher.smoke_job", [directory], module=True, workers=2, extra_env=env
+            "tfdist.launcher.smoke_job",
+            [directory],
+            module=True,
+            workers=2,
+            extra_env=env,
+            **on_gpus,
         )
         return run_job(plans, timeout=timeout, quiet=True, grace=3.0)
 
@@ -146,6 +197,9 @@ def doctor_command(args) -> int:
         problems.append(f"The detected cluster is invalid: {report['cluster']['error']}")
     for problem in problems:
         print(f"PROBLEM  {problem}")
+    arguments = nccl_arguments(report["replica_devices"])
+    nccl = None if arguments is None else nccl_check.run(arguments, timeout=min(args.timeout, 120))
+    print(nccl_line(report["replica_devices"], nccl))
     print(smoke_test_header())
     started = time.monotonic()
     result = _smoke_job(args.timeout)
@@ -158,10 +212,11 @@ def doctor_command(args) -> int:
         print(scenario_line(scenario, outcome))
     if not failures:
         print(f"OK       2 workers met, all-reduced 1 + 2 = 3 and trained 3 steps ({took:.1f} s)")
+    broken = bool(failures) or (nccl is not None and nccl["outcome"] != "ok")
     verdict = (
-        "healthy"
-        if not (failures or problems)
-        else ("problems found (see above)" if not failures else "broken (see above)")
+        "broken (see above)"
+        if broken
+        else ("problems found (see above)" if problems else "healthy")
     )
     print(f"\nverdict: {verdict}")
-    return 1 if failures else 0
+    return 1 if broken else 0

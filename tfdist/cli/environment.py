@@ -41,7 +41,8 @@ def environment_report() -> dict:
     report["nccl"] = {
         "usable": bool(gpus) and tf.test.is_built_with_cuda(),
         "reason": (
-            "every replica is a GPU and TensorFlow is built with CUDA"
+            "every replica is a GPU and TensorFlow is built with CUDA (its NCCL is inside); "
+            "`tfdist doctor` all-reduces through it where there are 2 GPUs or more"
             if gpus and tf.test.is_built_with_cuda()
             else "no GPU found: collectives use ring (gRPC) / reduce-to-one-device"
         ),

@@ -38,7 +38,15 @@ import sys
 import tempfile
 import threading
 
-__all__ = ["Preloader", "available", "close_all", "forkable", "key", "task_argv"]
+__all__ = [
+    "Preloader",
+    "available",
+    "close_all",
+    "die_with_parent",
+    "forkable",
+    "key",
+    "task_argv",
+]
 
 # Environment variables a task may set differently from its preloader: none of them is read
 # while TensorFlow is imported. Any other difference in a variable with one of the IMPORT
@@ -201,7 +209,9 @@ def close_all() -> None:
 
 
 # ------------------------------------------------------------------ the preloader process
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """Asks Linux to SIGKILL this process when its parent ends, even by `kill -9` (a no-op
+    where prctl is missing)."""
     try:
         import ctypes
 
@@ -222,7 +232,7 @@ def _recv_exact(conn, n: int) -> bytes:
 
 def _serve(address: str) -> int:
     parent = os.getppid()
-    _die_with_parent()
+    die_with_parent()
     if os.getppid() != parent:
         return 1
     import selectors
@@ -285,7 +295,7 @@ def _fork_task(conn, others) -> int:
         try:
             for other in others:  # the task holds only its own connection
                 other.close()
-            _die_with_parent()
+            die_with_parent()
             _become_task(conn, fds, request)
         except BaseException:  # never return into the preloader's loop
             import traceback
