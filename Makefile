@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-matrix test-oldest test-next lint demo docs bench wheel-smoke clean
+.PHONY: install test test-matrix test-oldest test-next test-gpu lint demo docs bench wheel-smoke clean
 
 # torch (the "gloo" extra) is PyTorch's CPU build, from PyTorch's index where it is reachable
 # (PyPI's default build is CUDA's, several GB); --retries 0: an unreachable index costs nothing.
@@ -41,6 +41,14 @@ test-oldest: $(STAMP)
 # latest tries another build; TF_NIGHTLY= (empty) skips the tf-nightly run.
 test-next: $(STAMP)
 	$(VENV)/bin/nox -s next $(NOX_ARGS)
+
+# The prepared GPU check, for a Linux machine with an NVIDIA GPU and nothing but Python and pip:
+# builds its own venv (build/gpu-venv: TensorFlow with CUDA, Keras, tf_keras, this checkout),
+# runs each step bounded and on its own, within 8 minutes, and writes gpu-check.md and
+# gpu-check.json to $(OUT) when set, else to a folder it prints (tests/gpu/gpu_check.py).
+# GPU_ARGS="--rehearse" runs it on CPUs.
+test-gpu:
+	$(PYTHON) tests/gpu/gpu_check.py $(GPU_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -6,6 +6,7 @@ The tests are sorted by tier, one directory each; every test gets its tier's mar
     unit/       pure Python: never imports TensorFlow (parsing, validation, plans, records, docs)
     inprocess/  real TensorFlow in the pytest process (the 4 logical CPUs, in-process servers)
     cluster/    starts processes: run_cluster, the launcher, subprocesses, examples, the doctor
+    gpu/        the prepared GPU check (`make test-gpu`): its steps, skipped without a GPU
     helpers/    what several tiers share, imported as `helpers.<module>`; no tests
 
 pytest imports this file first and puts tests/ on sys.path (its "prepend" import mode; no
@@ -34,6 +35,8 @@ TIERS = {
     "unit": "pure Python, no TensorFlow (tests/unit)",
     "inprocess": "real TensorFlow in the pytest process, no child process (tests/inprocess)",
     "cluster": "starts processes: local clusters, jobs, subprocesses (tests/cluster)",
+    "gpu": "the steps of the prepared GPU check, each in a process of its own; skipped on "
+    "hosts without a GPU (tests/gpu)",
 }
 
 

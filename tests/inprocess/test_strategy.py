@@ -71,6 +71,20 @@ def test_mirrored_cross_device_ops(communication, devices, cls):
     assert type(mirrored_cross_device_ops(communication, devices)) is cls
 
 
+def test_logical_gpus_of_one_gpu_reduce_on_one_device_where_nccl_would_see_one_gpu_twice():
+    from tfdist.strategy.devices import gpus_share_a_device
+
+    assert gpus_share_a_device(GPU2, per_physical=[2])  # two logical GPUs of GPU 0
+    assert not gpus_share_a_device(GPU2, per_physical=[1, 1])
+    assert not gpus_share_a_device(["/gpu:0", "/gpu:2"], per_physical=[2, 2])
+    assert gpus_share_a_device(["/gpu:2", "/gpu:3", "/cpu:0"], per_physical=[2, 2])
+    assert not gpus_share_a_device(CPU4)  # this host: no GPU at all
+    shared = mirrored_cross_device_ops("auto", GPU2, gpus_share_a_device=True)
+    assert type(shared) is tf.distribute.ReductionToOneDevice
+    forced = mirrored_cross_device_ops("nccl", GPU2, gpus_share_a_device=True)
+    assert type(forced) is tf.distribute.NcclAllReduce  # asked for: tried as asked
+
+
 def test_gloo_on_gpu_replicas_is_refused_naming_nccl():
     with pytest.raises(
         ValueError,

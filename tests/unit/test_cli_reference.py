@@ -124,6 +124,8 @@ def test_the_doctors_sample_output_is_what_it_prints():
     section = _section("launcher.md", "## tfdist doctor")
     sample = re.search(r"```text\n(.*?)```", section, re.S).group(1).splitlines()
     assert doctor.smoke_test_header() in sample
+    nccl = sample.index(doctor.smoke_test_header()) - 1
+    assert sample[nccl] == doctor.nccl_line(["/cpu:0"], None)  # what a CPU host prints
     start = sample.index(doctor.smoke_test_header()) + 1
     lines = [doctor.scenario_line(name, "ok") for name in doctor.SCENARIO_FIXES]
     assert sample[start : start + len(lines)] == lines

@@ -16,6 +16,7 @@ from typing import Callable, Dict
 from tfdist import settings
 from tfdist.strategy.communication import mirrored_cross_device_ops
 from tfdist.strategy.compression import compressed_cross_device_ops
+from tfdist.strategy.devices import gpus_share_a_device
 from tfdist.strategy.multi_worker import build_multi_worker
 from tfdist.strategy.peers import wait_for_peers
 
@@ -53,7 +54,9 @@ def build_mirrored(*, devices, found, communication, cross_device_ops=None, comp
             f"Pass either communication={communication!r} or cross_device_ops=, not both."
         )
     if cross_device_ops is None:
-        cross_device_ops = mirrored_cross_device_ops(communication, found)
+        cross_device_ops = mirrored_cross_device_ops(
+            communication, found, gpus_share_a_device(found)
+        )
     if compression is not None:
         cross_device_ops = compressed_cross_device_ops(cross_device_ops, compression)
     return tf.distribute.MirroredStrategy(

@@ -63,13 +63,18 @@ def _require_gpus_for_nccl(strategy: str, devices: Sequence[str], choices: Seque
         )
 
 
-def mirrored_cross_device_ops(communication: str, devices: Sequence[str]):
-    """The CrossDeviceOps for MirroredStrategy: NCCL on all-GPU replicas, else one device."""
+def mirrored_cross_device_ops(
+    communication: str, devices: Sequence[str], gpus_share_a_device: bool = False
+):
+    """The CrossDeviceOps for MirroredStrategy: "auto" is NCCL on all-GPU replicas, each on a
+    GPU of its own, else reducing on one device (CPU replicas; logical GPUs carved from one
+    GPU, `tfdist.strategy.devices.gpus_share_a_device`, where NCCL would see one GPU twice)."""
     import tensorflow as tf
 
     communication = check_communication("mirrored", communication, MIRRORED)
     if communication == "auto":
-        communication = "nccl" if _all_gpus(devices) else "reduce_to_one_device"
+        nccl = _all_gpus(devices) and not gpus_share_a_device
+        communication = "nccl" if nccl else "reduce_to_one_device"
     if communication == "nccl":
         _require_gpus_for_nccl("mirrored", devices, MIRRORED)
         return tf.distribute.NcclAllReduce()

@@ -13,6 +13,7 @@ from tfdist.errors import is_count
 __all__ = [
     "available_devices",
     "check_devices",
+    "gpus_share_a_device",
     "local_devices",
     "runtime_initialized",
     "virtual_cpus",
@@ -85,6 +86,32 @@ def virtual_cpus(n: int) -> list:
         cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
     )
     return names
+
+
+def gpus_share_a_device(devices, per_physical=None) -> bool:
+    """True when two GPUs of `devices` are logical GPUs carved from one physical GPU.
+
+    NCCL refuses two ranks on one GPU, so "auto" all-reduces such replicas another way.
+
+    Args:
+        devices: list of device strings ("/gpu:0", "/cpu:1"); only GPUs count.
+        per_physical: list of int. The logical GPUs of each physical GPU, in order (TensorFlow
+            numbers logical GPUs physical GPU by physical GPU). Defaults to TensorFlow's
+            configuration of this process.
+    """
+    if per_physical is None:
+        import tensorflow as tf
+
+        per_physical = [
+            len(tf.config.get_logical_device_configuration(gpu) or [None])
+            for gpu in tf.config.list_physical_devices("GPU")
+        ]
+    owner = [physical for physical, n in enumerate(per_physical) for _ in range(n)]
+    indices = [
+        int(m.group(1)) for m in (re.search(r"gpu:(\d+)$", str(d).lower()) for d in devices) if m
+    ]
+    owners = [owner[i] for i in indices if i < len(owner)]
+    return len(set(owners)) < len(owners)
 
 
 def check_devices(devices) -> list:
