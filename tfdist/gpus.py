@@ -35,6 +35,7 @@ __all__ = [
     "describe",
     "per_worker",
     "plan",
+    "share",
     "visible",
     "worker_count",
 ]
@@ -212,6 +213,20 @@ def plan(
             variables["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         out[name] = variables
     return out
+
+
+def share(seen: int, tasks: int, local: int) -> Tuple[List[int], bool]:
+    """The GPUs the task of local rank `local` of `tasks` tasks on a node takes of the `seen`
+    GPUs they all see, and whether it must grow its memory: the local-th tasks-th of them, in
+    order; with fewer GPUs than tasks, every task takes all and grows its memory.
+
+    For tasks that a scheduler started seeing the same GPUs (`tfdist.cluster.slurm.
+    unbound_gpu_tasks`); tfdist launch hands each task its own CUDA_VISIBLE_DEVICES instead.
+    """
+    if seen < tasks:
+        return list(range(seen)), True
+    each = seen // tasks
+    return list(range(local * each, (local + 1) * each)), False
 
 
 def _seen(gpus: Sequence[str]) -> str:

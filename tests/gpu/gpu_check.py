@@ -50,6 +50,7 @@ STEPS = {
     "nccl_two_logical_gpus": (100, "an NCCL all-reduce between 2 logical GPUs: its outcome"),
     "fit_against_custom_loop": (120, "steps/s of fit against a custom loop (ratio)"),
     "one_device_fit_tf_keras": (120, "fit under tf_keras (TF_USE_LEGACY_KERAS=1) converges"),
+    "slurm_gpu_share": (60, "a SLURM task of 2 on the one GPU keeps it and grows its memory"),
 }
 BUDGET_SECONDS = 480
 BUILD_SECONDS = 300

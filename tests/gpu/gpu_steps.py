@@ -246,6 +246,27 @@ def step_jit_compile_fit():
     return out
 
 
+def step_slurm_gpu_share():
+    """A SLURM task of 2 on a node with this one GPU: it keeps the GPU and grows its memory
+    (`tfdist.strategy.devices.take_slurm_gpu_share`, what make_strategy does first)."""
+    tf = _tf()
+    from tfdist.strategy.devices import take_slurm_gpu_share
+
+    gpus = need_gpu()
+    slurm = {"SLURM_STEP_ID": "0", "SLURM_LOCALID": "1", "SLURM_NODEID": "0"}
+    kept = take_slurm_gpu_share(dict(slurm, SLURM_STEP_TASKS_PER_NODE="2"))
+    if REHEARSE:
+        if kept is not None:
+            raise AssertionError(f"a host without GPUs kept {kept}")
+        return {"kept": kept}
+    growth = [tf.config.experimental.get_memory_growth(g) for g in gpus]
+    visible = tf.config.get_visible_devices("GPU")
+    if len(gpus) == 1 and (kept != ["/gpu:0"] or growth != [True] or visible != gpus):
+        raise AssertionError(f"kept {kept}, memory growth {growth}, visible {visible}")
+    tf.constant(1.0)  # the runtime starts with the share
+    return {"kept": kept, "memory_growth": growth, "physical_gpus": len(gpus)}
+
+
 MULTI_WORKER_SCRIPT = """
     import json, os
     import numpy as np

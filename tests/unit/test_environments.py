@@ -24,6 +24,7 @@ from tfdist.cluster import (
     expand_nodelist,
     expand_tasks_per_node,
 )
+from tfdist.cluster.slurm import unbound_gpu_tasks
 
 
 def _tf_config(cluster, task_type, task_index):
@@ -565,3 +566,29 @@ def test_slurm_setting_errors_name_the_source(env, kwargs, source):
     """The message starts with the setting as the user spelled it: argument or variable."""
     with pytest.raises(ClusterConfigError, match="^" + re.escape(source + " must be")):
         SlurmEnvironment.cluster_spec(env, **kwargs)
+
+
+def _srun_task(local, per_node="2", node="0", **more):
+    return {"SLURM_STEP_ID": "0", "SLURM_LOCALID": str(local), "SLURM_NODEID": node,
+            "SLURM_STEP_TASKS_PER_NODE": per_node, **more}  # fmt: skip
+
+
+def test_tasks_of_a_step_that_see_the_same_gpus_know_their_local_rank():
+    assert unbound_gpu_tasks(_srun_task(1)) == (1, 2)
+    assert unbound_gpu_tasks(_srun_task(1, per_node="4(x2),2", node="2")) == (1, 2)
+    assert unbound_gpu_tasks(_srun_task(0, SLURM_GPU_BIND="none")) == (0, 2)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        _srun_task(1, SLURM_GPUS_PER_TASK="1"),  # srun --gpus-per-task: SLURM bound them
+        _srun_task(1, SLURM_GPU_BIND="map_gpu:0,1"),
+        _srun_task(0, per_node="1"),  # alone on its node: it uses every GPU
+        {"SLURM_LOCALID": "0", "SLURM_STEP_TASKS_PER_NODE": "2"},  # not in a step
+        _srun_task(0, per_node="two"),  # SlurmEnvironment says what is wrong
+        _srun_task(2),  # local rank past the tasks of its node
+    ],
+)
+def test_gpus_are_left_as_they_are_where_slurm_bound_them_or_nothing_is_shared(env):
+    assert unbound_gpu_tasks(env) is None

@@ -191,3 +191,10 @@ def test_the_driver_s_gpus_are_described_even_where_it_predates_compute_cap(tmp_
     ]
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert gpus.describe() == []
+
+
+def test_tasks_that_see_the_same_gpus_take_their_share_by_local_rank():
+    assert gpus.share(4, tasks=2, local=0) == ([0, 1], False)
+    assert gpus.share(4, tasks=2, local=1) == ([2, 3], False)
+    assert gpus.share(4, tasks=3, local=2) == ([2], False)  # 1 each, GPU 3 idle
+    assert gpus.share(1, tasks=2, local=1) == ([0], True)  # 2 tasks, 1 GPU: shared, grown

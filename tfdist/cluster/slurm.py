@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import os
 import re
-from typing import List, Mapping, Optional
+from typing import List, Mapping, Optional, Tuple
 
 from tfdist import settings
 from tfdist.cluster import spec
 from tfdist.cluster.spec import ClusterSpec
 from tfdist.errors import ClusterConfigError
 
-__all__ = ["SlurmEnvironment", "expand_nodelist", "expand_tasks_per_node"]
+__all__ = ["SlurmEnvironment", "expand_nodelist", "expand_tasks_per_node", "unbound_gpu_tasks"]
 
 _NODELIST_HINT = "SLURM writes node lists like 'gpu-a[01-03,07],cpu1' (scontrol show hostnames)."
 
@@ -237,6 +237,33 @@ def expand_tasks_per_node(text: str) -> List[int]:
             )
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     return counts
+
+
+def unbound_gpu_tasks(env: Mapping[str, str]) -> Optional[Tuple[int, int]]:
+    """(local rank, tasks on its node) of a task of an `srun` step whose tasks on a node all see
+    the same GPUs; None where SLURM bound GPUs to tasks, outside a step, or alone on its node.
+
+    srun binds GPUs only when asked (`--gpus-per-task`, or a `--gpu-bind` other than none):
+    otherwise every task of a node sees every GPU of the allocation, and the first to start
+    reserves their memory (`tfdist.gpus.share` says which each takes). Variables that do not
+    parse give None: `SlurmEnvironment` names what is wrong with them.
+    """
+    if "SLURM_STEP_ID" not in env or "SLURM_LOCALID" not in env:
+        return None
+    bind = env.get("SLURM_GPU_BIND", "").strip().lower()
+    if env.get("SLURM_GPUS_PER_TASK") or (bind and "none" not in bind):
+        return None
+    try:
+        counts = expand_tasks_per_node(
+            env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1")
+        )
+        node, local = int(env.get("SLURM_NODEID", "0")), int(env["SLURM_LOCALID"])
+        tasks = counts[node] if node < len(counts) else counts[-1]
+    except (ClusterConfigError, ValueError):
+        return None
+    if tasks < 2 or not 0 <= local < tasks:
+        return None
+    return local, tasks
 
 
 def _int_var(env: Mapping[str, str], name: str, fallback: Optional[str] = None) -> int:

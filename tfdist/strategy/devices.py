@@ -16,6 +16,7 @@ __all__ = [
     "gpus_share_a_device",
     "local_devices",
     "runtime_initialized",
+    "take_slurm_gpu_share",
     "virtual_cpus",
 ]
 
@@ -86,6 +87,53 @@ def virtual_cpus(n: int) -> list:
         cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
     )
     return names
+
+
+def take_slurm_gpu_share(env=None):
+    """In a SLURM step with several tasks on a node that see the same GPUs, makes this task
+    see only its share (`tfdist.gpus.share`), growing its memory where tasks share GPUs.
+    Returns the replica devices it leaves ("/gpu:0", ...), or None where it changed nothing.
+    Must run before TensorFlow initialises its devices; after, it warns and changes nothing.
+    """
+    import logging
+    import os
+
+    import tensorflow as tf
+
+    from tfdist import gpus
+    from tfdist.cluster.slurm import unbound_gpu_tasks
+
+    env = os.environ if env is None else env
+    task = unbound_gpu_tasks(env)
+    if task is None:
+        return None
+    physical = tf.config.list_physical_devices("GPU")
+    if not physical:
+        return None
+    local, tasks = task
+    indices, grow = gpus.share(len(physical), tasks, local)
+    log = logging.getLogger("tfdist")
+    if runtime_initialized():
+        log.warning(
+            "tfdist: this SLURM task shares its node's %d GPUs with other tasks, but TensorFlow "
+            "already initialised them, so it keeps all. HINT: call make_strategy() before any "
+            "TensorFlow op, or give each task its own GPUs (srun --gpus-per-task).",
+            len(physical),
+        )
+        return None
+    kept = [physical[i] for i in indices]
+    tf.config.set_visible_devices(kept, "GPU")
+    if grow:
+        for gpu in kept:
+            tf.config.experimental.set_memory_growth(gpu, True)
+    log.info(
+        "tfdist: SLURM task %s of its node takes GPU(s) %s of %d%s.",
+        local,
+        indices,
+        len(physical),
+        " (shared: memory growth)" if grow else "",
+    )
+    return [f"/gpu:{i}" for i in range(len(kept))]
 
 
 def gpus_share_a_device(devices, per_physical=None) -> bool:

@@ -19,7 +19,7 @@ from tfdist.cluster import ClusterSpec, detect_cluster
 from tfdist.strategy import builders
 from tfdist.strategy.communication import check_communication
 from tfdist.strategy.compression import check_compression
-from tfdist.strategy.devices import check_devices, local_devices
+from tfdist.strategy.devices import check_devices, local_devices, take_slurm_gpu_share
 from tfdist.strategy.registry import (
     AUTO,
     STRATEGIES,
@@ -166,7 +166,7 @@ def make_strategy(
         )
     if devices is not None:
         devices = check_devices(devices)
-    found = list(devices) if devices is not None else local_devices()
+    found = list(devices) if devices is not None else (take_slurm_gpu_share() or local_devices())
     record = STRATEGIES[resolve_strategy_name(key, cluster, found)]
     unknown = sorted(set(options) - set(record.options))
     if unknown:
@@ -232,7 +232,10 @@ def _build_in_this_process(record: Strategy, *, cluster: ClusterSpec, **argument
     Before this step make_strategy only reads: TFDIST_STRATEGY, TFDIST_COMMUNICATION and
     TFDIST_GRADIENT_COMPRESSION (`tfdist.settings`), the cluster (`tfdist.detect_cluster`:
     TF_CONFIG, SLURM; it never writes TF_CONFIG) and the local devices (which imports
-    TensorFlow, but does not initialise its runtime).
+    TensorFlow, but does not initialise its runtime), with one exception: in a SLURM step
+    whose tasks on a node all see the same GPUs, it first narrows the GPUs this task sees to
+    its share (`tfdist.strategy.devices.take_slurm_gpu_share`), since the devices decide the
+    strategy.
     """
     if record.distributes:
         from tfdist.fixes import apply_fixes
