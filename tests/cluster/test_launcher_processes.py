@@ -7,11 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 
 from tfdist.launcher import JobFailed, launch, plan_job, run_job
+from tfdist.launcher.outcome import KEPT_LINE_CHARS, KEPT_LINES
 from tfdist.testing import is_running
 
 from helpers.launcher import _script
@@ -165,6 +167,84 @@ def test_sigterm_to_the_launcher_leaves_no_orphans(tmp_path):
     assert not [pid for pid in pids if is_running(pid)]  # neither the tasks nor what they started
 
 
+# A task that starts a process in a session of its own which ignores SIGTERM: outside the
+# task's process group, it escapes the launcher's signals to the group.
+_ESCAPING = """
+    import os, subprocess, sys, time
+    pids = os.path.join({folder!r}, os.environ["TFDIST_TASK"].replace(":", "-") + ".pids")
+    code = (
+        "import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "open(sys.argv[1], 'w').write(f'{{os.getppid()}} {{os.getpid()}}'); time.sleep(300)"
+    )
+    subprocess.Popen([sys.executable, "-c", code, pids + ".part"], start_new_session=True)
+    while not os.path.exists(pids + ".part"):
+        time.sleep(0.05)
+    time.sleep(0.1)
+    os.rename(pids + ".part", pids)
+    time.sleep({sleep})
+"""
+
+
+def _pids(folder, tasks=2, timeout=30):
+    deadline = time.monotonic() + timeout
+    while len(list(folder.glob("*.pids"))) < tasks:
+        assert time.monotonic() < deadline, "the tasks did not start"
+        time.sleep(0.1)
+    time.sleep(0.3)
+    return [int(p) for f in folder.glob("*.pids") for p in f.read_text().split()]
+
+
+def _gone(pids, within):
+    deadline = time.monotonic() + within
+    while [pid for pid in pids if is_running(pid)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [pid for pid in pids if is_running(pid)]
+
+
+def test_kill_9_of_the_launcher_ends_its_tasks_and_all_they_started(tmp_path):
+    script = _script(tmp_path, _ESCAPING.format(folder=str(tmp_path), sleep=120))
+    reports = tempfile.mkdtemp(prefix="pytest-kill9-")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tfdist", "launch", "--workers", "2", "--grace", "2", script],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, TMPDIR=reports),  # where the launcher makes its report folder
+    )
+    pids = _pids(tmp_path)
+    assert len(pids) == 4 and _gone(pids, within=0) == pids
+    launcher.kill()
+    launcher.wait(timeout=10)
+    # The tasks get SIGTERM at once, what ignores it SIGKILL after --grace 2.
+    assert not _gone(pids, within=15), "processes of the job outlived its launcher"
+    assert os.listdir(reports) == []  # nor its report folder
+    os.rmdir(reports)
+
+
+def test_what_a_task_started_in_a_session_of_its_own_ends_with_the_task(tmp_path):
+    script = _script(tmp_path, _ESCAPING.format(folder=str(tmp_path), sleep=0))
+    started = time.monotonic()
+    result = run_job(plan_job(script, workers=2), quiet=True)
+    assert result.reason == "done", result
+    pids = _pids(tmp_path, timeout=0)
+    assert not _gone(pids, within=0)  # SIGKILL after 5 s to what ignores the SIGTERM
+    assert 4 < time.monotonic() - started < 30
+
+
+def test_a_task_keeps_its_exit_status_and_signal_under_its_keeper(tmp_path):
+    script = _script(
+        tmp_path,
+        """
+        import os, signal, sys
+        if os.environ["TFDIST_TASK"] == "worker:1":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        sys.exit(7)
+    """,
+    )
+    result = run_job(plan_job(script, workers=2), quiet=True)
+    assert result.tasks["worker:1"].returncode == -signal.SIGSEGV
+    assert result.tasks["worker:0"].returncode in (7, -signal.SIGTERM)  # unless stopped first
+
+
 @pytest.mark.slow
 def test_parameter_server_job_servers_stop_when_the_chief_is_done(tmp_path):
     script = _script(
@@ -182,3 +262,24 @@ def test_parameter_server_job_servers_stop_when_the_chief_is_done(tmp_path):
     assert "[tfdist] ps:0       served until the job ended" in text
     assert "[chief:0] chief runs the script as {'type': 'chief', 'index': 0}" in text
     assert "[worker:0] chief runs" not in text and "[ps:0] chief runs" not in text
+
+
+def test_the_launcher_keeps_the_last_lines_of_a_task_and_the_log_keeps_all(tmp_path):
+    script = _script(
+        tmp_path,
+        f"""
+        import sys
+        for i in range({KEPT_LINES} + 500):
+            print(f"line {{i}}")
+        print("x" * ({KEPT_LINE_CHARS} + 10))
+        sys.exit(3)
+    """,
+    )
+    result = run_job(plan_job(script, workers=1), quiet=True, log_dir=str(tmp_path / "logs"))
+    kept = result.tasks["worker:0"].output
+    assert len(kept) == KEPT_LINES
+    assert kept[0] == "line 501" and kept[-2] == f"line {KEPT_LINES + 499}"
+    assert kept[-1].endswith(f" ... ({KEPT_LINE_CHARS + 10} characters in all)")
+    assert len(kept[-1]) < KEPT_LINE_CHARS + 40
+    log = (tmp_path / "logs" / "worker-0.log").read_text().splitlines()
+    assert log[0] == "line 0" and log[-1] == "x" * (KEPT_LINE_CHARS + 10)

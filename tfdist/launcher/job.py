@@ -26,6 +26,7 @@ Holds `_WARNED`, the warnings this process gave once. Nothing here imports Tenso
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import numbers
@@ -38,16 +39,24 @@ import tempfile
 import threading
 import time
 import warnings
-from typing import Callable, List, Mapping, Optional, Sequence, TextIO
+from typing import Callable, Deque, List, Mapping, Optional, Sequence, TextIO
 
 from tfdist import gpus as gpu_lib
 from tfdist import netns, settings
 from tfdist import training_report as _report
 from tfdist.cluster import ClusterSpec
+from tfdist.launcher import keeper as keeping
 from tfdist.launcher import preload as preloading
 from tfdist.launcher import startup
 from tfdist.launcher.noise import NoiseFilter
-from tfdist.launcher.outcome import GRACE_SECONDS, JobResult, TaskResult, classify
+from tfdist.launcher.outcome import (
+    GRACE_SECONDS,
+    KEPT_LINE_CHARS,
+    KEPT_LINES,
+    JobResult,
+    TaskResult,
+    classify,
+)
 from tfdist.preemption import PREEMPTED_EXIT_CODE
 
 __all__ = ["TaskPlan", "plan_job", "run_job"]
@@ -159,9 +168,10 @@ class _Task:
         verbose: bool = False,
         namespace: Optional[netns.Namespace] = None,
         preload: bool = False,
+        grace: float = GRACE_SECONDS,
     ):
         self.plan = plan
-        self.output: List[str] = []
+        self.output: Deque[str] = collections.deque(maxlen=KEPT_LINES)
         self.started = time.monotonic()
         self.ended: Optional[float] = None
         self.stopped = False
@@ -178,18 +188,30 @@ class _Task:
             else None
         )
         argv = preloading.task_argv(plan.argv, env) if preload else list(plan.argv)
-        self.proc = subprocess.Popen(
-            namespace.wrap(argv) if namespace else argv,
-            pass_fds=namespace.fds if namespace else (),
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            text=True,
-            errors="replace",
-            bufsize=1,
-        )
+        argv = namespace.wrap(argv) if namespace else argv
+        fds = namespace.fds if namespace else ()
+        # The keeper (tfdist.launcher.keeper) ends what the task starts, even when this
+        # process is killed: the lifeline's end of file tells it so.
+        self.lifeline: Optional[int] = None
+        if keeping.available():
+            read, self.lifeline = os.pipe()
+            argv, fds = keeping.wrap(argv, read, grace, self.report), (*fds, read)
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                pass_fds=fds,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                text=True,
+                errors="replace",
+                bufsize=1,
+            )
+        finally:
+            if self.lifeline is not None:
+                os.close(read)
         self.reader = threading.Thread(
             target=self._read, args=(out, lock, quiet, verbose), daemon=True
         )
@@ -199,7 +221,12 @@ class _Task:
         noise = NoiseFilter()
         for line in self.proc.stdout:
             line = line.rstrip("\n")
-            self.output.append(line)  # every line: the failure tail and the log keep them all
+            # The last lines, for the failure tail and the result; the log keeps every line.
+            self.output.append(
+                line
+                if len(line) <= KEPT_LINE_CHARS
+                else f"{line[:KEPT_LINE_CHARS]} ... ({len(line)} characters in all)"
+            )
             if self.log:
                 self.log.write(line + "\n")
                 self.log.flush()
@@ -216,6 +243,24 @@ class _Task:
         except ProcessLookupError:
             pass
 
+    def kill(self) -> None:
+        """SIGKILL to the task and all it started (its keeper's sweep, where it has one: a
+        process it started in a session of its own is not in its group), then to its group."""
+        if self.lifeline is not None and self.proc.poll() is None:
+            try:
+                os.write(self.lifeline, keeping.KILL)
+                self.proc.wait(timeout=15)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.signal(signal.SIGKILL)
+        self.proc.wait()
+        self.close_lifeline()
+
+    def close_lifeline(self) -> None:
+        if self.lifeline is not None:
+            os.close(self.lifeline)
+            self.lifeline = None
+
     def result(self) -> TaskResult:
         self.reader.join(timeout=5)
         if self.log:
@@ -226,7 +271,7 @@ class _Task:
         return TaskResult(
             self.plan.task,
             self.proc.returncode,
-            self.output,
+            list(self.output),
             end - self.started,
             self.stopped,
             report.get("steps"),
@@ -370,14 +415,15 @@ def run_job(
     try:
         for plan in plans:
             tasks.append(
-                _Task(plan, out, lock, log_dir, quiet, report_dir, verbose, namespace, preload)
+                _Task(
+                    plan, out, lock, log_dir, quiet, report_dir, verbose, namespace, preload, grace
+                )
             )
         reason = watch.wait(tasks)
         _stop(tasks, grace)
     finally:
         for task in tasks:  # whatever happened above, no child outlives the launcher
-            task.signal(signal.SIGKILL)
-            task.proc.wait()
+            task.kill()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if namespace:
@@ -463,7 +509,6 @@ def _stop(tasks: List[_Task], grace: float) -> None:
     while time.monotonic() < end and any(t.proc.poll() is None for t in running):
         time.sleep(0.05)
     for task in running:
-        task.signal(signal.SIGKILL)
-        task.proc.wait()
+        task.kill()
         if task.ended is None:
             task.ended = time.monotonic()

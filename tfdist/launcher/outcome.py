@@ -35,6 +35,8 @@ __all__ = [
 
 GRACE_SECONDS = 30.0  # after a SIGTERM (or a peer's preemption), before SIGKILL
 _TAIL_LINES = 20
+KEPT_LINES = 10_000  # of each task's output, in memory (a task may print gigabytes)
+KEPT_LINE_CHARS = 16_384
 
 
 class JobFailed(RuntimeError):
@@ -55,7 +57,7 @@ class TaskResult:
 
     task: str
     returncode: Optional[int]
-    output: List[str]
+    output: List[str]  # the last KEPT_LINES lines (cut at KEPT_LINE_CHARS); the log has all
     seconds: float
     stopped: bool = False  # stopped by the launcher (a peer failed, timeout, job ended)
     steps: Optional[int] = None  # training steps of every fit in the task (optimizer steps)
