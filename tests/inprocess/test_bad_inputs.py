@@ -115,6 +115,19 @@ def _tmp(name):
 
 # (id, call, error type, texts the message must contain: the value, and the advice)
 ROWS = [
+    # ------------------------------------------------------------------------- devices
+    (
+        "virtual-cpus-a-million",  # it once grew past 3.6 GB without returning
+        lambda: tfdist.virtual_cpus(10**6),
+        "ValueError",
+        ["n=1000000", "at most 1024", "HINT"],
+    ),
+    (
+        "virtual-cpus-a-float",
+        lambda: tfdist.virtual_cpus(2.0),
+        "ValueError",
+        ["n=2.0", "positive integer"],
+    ),
     # ------------------------------------------------------------------------- TF_CONFIG
     (
         "tf_config-not-json",
