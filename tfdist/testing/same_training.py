@@ -30,7 +30,7 @@ import numpy as np
 
 from tfdist.testing import comparison
 from tfdist.testing.clusters import function_reference
-from tfdist.testing.pools import STRATEGIES, check_strategies, pool_for
+from tfdist.testing.pools import STRATEGIES, check_strategies, pool_for, refuse_inside_a_pool
 
 __all__ = ["TrainingComparison", "TrainingDiffers", "assert_same_training", "compare_training"]
 
@@ -228,7 +228,13 @@ def compare_training(
 
     Returns:
         TrainingComparison.
+
+    Raises:
+        RuntimeError: called in a strategy pool's own process, e.g. at module level of a file
+            without an `if __name__ == "__main__":` guard that the pool imports to find
+            build_model (`pools.refuse_inside_a_pool`).
     """
+    refuse_inside_a_pool("compare_training")
     reference = function_reference(build_model, "assert_same_training")
     arrays = _check_data(data)
     options = {
@@ -320,6 +326,7 @@ def assert_same_training(build_model: Callable, data, **kwargs) -> TrainingCompa
         assert_same_training(build_model, (x, x.sum(1)), global_batch_size=16)
     ```
     """
+    refuse_inside_a_pool("assert_same_training")
     result = compare_training(build_model, data, **kwargs)
     if not result.same:
         raise TrainingDiffers(result.report() + "\n\n" + result.table(), result)

@@ -1,19 +1,27 @@
 """Child side of a strategy pool (`tfdist.testing.pools`): one long-lived process that holds
 strategies and runs functions under them on request.
 
-    python -m tfdist.testing.strategy_server POOL ADDRESS REPLICAS
+    python -m tfdist.testing.strategy_server POOL ADDRESS REPLICAS [OWNER]
 
 POOL is one of `POOL_KINDS`: "local" (virtual CPUs, no cluster), "workers" (this process is one
 worker of a local job, from TF_CONFIG) or "parameter_server" (a chief with one worker and one ps
 as in-process servers). The process sets its pool up; its strategies are those whose record
 names the pool (`Strategy.pool` of `tfdist.strategy.registry`), made on the pool's cluster at
 start or at first use. It connects to the pool's Unix socket ADDRESS (its key in
-TFDIST_POOL_KEY, `tfdist.settings`), says it is ready, then runs each
+TFDIST_POOL_KEY, `tfdist.settings`), says it is ready (its pid and task), then runs each
 request `("call", strategy_name, (module, qualname, source), args, kwargs, strategy_kwarg)`:
 `fn(strategy, *args, **kwargs)`, or with `strategy_kwarg`, `fn(*args, **kwargs,
 **{strategy_kwarg: strategy})`. Before each call Keras' session is cleared and the global
 dtype policy reset, so calls do not see each other's models. The reply is `("ok", value,
 output)` or `("error", summary, traceback, output)`, where output is what the call printed.
+
+The process dies with its parent and with OWNER (the pid of the process that started the pool),
+however they end, `kill -9` included, and even while it is blocked in an import or a C++ call:
+first thing, before TensorFlow or any function's module is imported, it asks Linux for SIGKILL
+when its parent ends (PR_SET_PDEATHSIG) and starts a watchdog thread that looks for the owner
+and the parent every quarter second. It marks itself as a pool's process
+(`pools.refuse_inside_a_pool`): a function's file that starts pools at module level, imported
+here, fails at once and the call says why, instead of starting pools of its own.
 """
 
 from __future__ import annotations
@@ -23,7 +31,10 @@ import functools
 import io
 import os
 import pickle
+import signal
 import sys
+import threading
+import time
 import traceback
 from multiprocessing.connection import Client
 from typing import Any, Callable, NamedTuple
@@ -115,14 +126,63 @@ def _call(strategies: dict, made: dict, request) -> tuple:
         return ("error", summary, traceback.format_exc(), output.getvalue())
 
 
+WATCH_EVERY = 0.25  # seconds between the watchdog's looks at the owner and the parent
+
+
+def _started(pid: int) -> str:
+    """When process `pid` started (its /proc stat's start time), "" when it is gone or a
+    zombie; "?" where there is no /proc and it runs."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return "" if fields[0] in ("Z", "X") else fields[19]
+    except FileNotFoundError:
+        return ""
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return ""
+        except PermissionError:
+            pass
+        return "?"
+
+
+def die_with_owner(owner: int) -> None:
+    """Ends this process (SIGKILL) when its parent or `owner` (0: none) ends: the kernel's
+    parent-death signal, which needs nothing of this process, and a watchdog thread for the
+    owner, which sits above a preloader or a keeper."""
+    from tfdist.launcher.preload import die_with_parent
+
+    parent = os.getppid()
+    die_with_parent()
+    owner_started = _started(owner) if owner else "-"
+
+    def gone() -> bool:
+        return os.getppid() != parent or bool(owner) and _started(owner) != owner_started
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(WATCH_EVERY)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if not owner_started:  # the owner ended before this process got here
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, daemon=True, name="tfdist-pool-watchdog").start()
+
+
 def main(argv) -> int:
     pool, address, replicas = argv[0], argv[1], int(argv[2])
+    die_with_owner(int(argv[3]) if len(argv) > 3 else 0)  # first: before any import of weight
+    from tfdist.testing import pools
+
+    pools.serving(pool)
     strategies = _strategies(pool, replicas)
     made = {}
     if POOL_KINDS[pool].at_start:
         made = {name: make() for name, make in strategies.items()}
     connection = Client(address, family="AF_UNIX", authkey=bytes.fromhex(settings.POOL_KEY.get()))
-    connection.send(("ready", os.getpid()))
+    connection.send(("ready", os.getpid(), settings.TASK.get()))
     while True:
         try:
             request = connection.recv()
