@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from tfdist.testing import PoolError
+from tfdist.testing import PoolError, strategy_server
 from tfdist.testing import pools as pools_module
 from tfdist.testing.clusters import function_reference
 from tfdist.testing.pools import StrategyPool
@@ -143,7 +143,7 @@ def test_a_comparison_at_module_level_without_a_main_guard_fails_at_once(marked)
 def test_a_pool_started_inside_a_pools_process_is_refused(tmp_path, monkeypatch):
     """As in a pool's own process: a file imported there that starts a pool at module level is
     named, with the guard it lacks; a function that starts one is told that pools do not nest."""
-    monkeypatch.setattr(pools_module, "_SERVING", ["local"])
+    monkeypatch.setattr(strategy_server, "_SERVING", ["local"])
     with pytest.raises(RuntimeError, match=r"pools do not nest\. HINT: call pool_for from"):
         pools_module.pool_for("mirrored")
     user = tmp_path / "unguarded_user_file.py"

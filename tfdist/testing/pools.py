@@ -43,7 +43,6 @@ import queue
 import shutil
 import socket
 import struct
-import sys
 import tempfile
 import threading
 import time
@@ -56,7 +55,7 @@ from tfdist.launcher import preload as preloading
 from tfdist.launcher.job import plan_job, run_job
 from tfdist.strategy import registry
 from tfdist.testing.clusters import child_pythonpath
-from tfdist.testing.strategy_server import POOL_KINDS
+from tfdist.testing.strategy_server import POOL_KINDS, refuse_inside_a_pool
 
 __all__ = [
     "STRATEGIES",
@@ -112,60 +111,6 @@ class _Lines:
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(list(self.lines)[-n:])
-
-
-# ------------------------------------------------------------ pools do not nest
-_SERVING: List[str] = []  # in a pool's own process (strategy_server): its pool's kind
-_TFDIST = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the tfdist package
-
-
-def serving(pool: str) -> None:
-    """Marks this process as a process of a `pool` pool (`strategy_server` calls it first)."""
-    _SERVING[:] = [pool]
-
-
-def _module_level_file() -> str:
-    """The innermost file outside tfdist that is being imported (its module-level code runs,
-    called by importlib), or ""."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        code, caller = frame.f_code, frame.f_back
-        name = code.co_filename
-        if (
-            code.co_name == "<module>"
-            and caller is not None
-            and caller.f_code.co_filename.startswith("<frozen importlib")
-            and not name.startswith("<")
-            and not os.path.abspath(name).startswith(_TFDIST + os.sep)
-        ):
-            return os.path.abspath(name)
-        frame = caller
-    return ""
-
-
-def refuse_inside_a_pool(what: str) -> None:
-    """Raises RuntimeError in a strategy pool's own process: pools do not nest. A file that
-    calls `what` at module level is imported there to find a function (build_model, a test),
-    and would start pools of its own, whose processes import it again, and so on.
-
-    Raises:
-        RuntimeError: naming the file and the guard it lacks.
-    """
-    if not _SERVING:
-        return
-    where = f"a strategy pool's own process (the {_SERVING[0]} pool, pid {os.getpid()})"
-    source = _module_level_file()
-    if source:
-        raise RuntimeError(
-            f"{what} was called at module level of {source} in {where}, which imports that file "
-            'to find the function it runs: the file has no `if __name__ == "__main__":` '
-            "guard, so every strategy process would start pools of its own. HINT: put the call "
-            f'under `if __name__ == "__main__":` in {source}, or inside a test function.'
-        )
-    raise RuntimeError(
-        f"{what} was called in {where}, by the function it runs: pools do not nest. HINT: call "
-        f"{what} from the test process itself, not from a function run under a strategy."
-    )
 
 
 # ----------------------------------------------- the thread that starts the preloaders

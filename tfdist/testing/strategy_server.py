@@ -20,7 +20,7 @@ however they end, `kill -9` included, and even while it is blocked in an import 
 first thing, before TensorFlow or any function's module is imported, it asks Linux for SIGKILL
 when its parent ends (PR_SET_PDEATHSIG) and starts a watchdog thread that looks for the owner
 and the parent every quarter second. It marks itself as a pool's process
-(`pools.refuse_inside_a_pool`): a function's file that starts pools at module level, imported
+(`refuse_inside_a_pool`): a function's file that starts pools at module level, imported
 here, fails at once and the call says why, instead of starting pools of its own.
 """
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import io
 import os
 import pickle
@@ -37,7 +38,7 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import Client
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, List, NamedTuple
 
 from tfdist import settings
 from tfdist.strategy import registry
@@ -126,6 +127,60 @@ def _call(strategies: dict, made: dict, request) -> tuple:
         return ("error", summary, traceback.format_exc(), output.getvalue())
 
 
+# ------------------------------------------------------------ pools do not nest
+_SERVING: List[str] = []  # in a pool's own process (strategy_server): its pool's kind
+_TFDIST = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the tfdist package
+
+
+def serving(pool: str) -> None:
+    """Marks this process as a process of a `pool` pool (`main` calls it first)."""
+    _SERVING[:] = [pool]
+
+
+def _module_level_file() -> str:
+    """The innermost file outside tfdist that is being imported (its module-level code runs,
+    called by importlib), or ""."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code, caller = frame.f_code, frame.f_back
+        name = code.co_filename
+        if (
+            code.co_name == "<module>"
+            and caller is not None
+            and caller.f_code.co_filename.startswith("<frozen importlib")
+            and not name.startswith("<")
+            and not os.path.abspath(name).startswith(_TFDIST + os.sep)
+        ):
+            return os.path.abspath(name)
+        frame = caller
+    return ""
+
+
+def refuse_inside_a_pool(what: str) -> None:
+    """Raises RuntimeError in a strategy pool's own process: pools do not nest. A file that
+    calls `what` at module level is imported there to find a function (build_model, a test),
+    and would start pools of its own, whose processes import it again, and so on.
+
+    Raises:
+        RuntimeError: naming the file and the guard it lacks.
+    """
+    if not _SERVING:
+        return
+    where = f"a strategy pool's own process (the {_SERVING[0]} pool, pid {os.getpid()})"
+    source = _module_level_file()
+    if source:
+        raise RuntimeError(
+            f"{what} was called at module level of {source} in {where}, which imports that file "
+            'to find the function it runs: the file has no `if __name__ == "__main__":` '
+            "guard, so every strategy process would start pools of its own. HINT: put the call "
+            f'under `if __name__ == "__main__":` in {source}, or inside a test function.'
+        )
+    raise RuntimeError(
+        f"{what} was called in {where}, by the function it runs: pools do not nest. HINT: call "
+        f"{what} from the test process itself, not from a function run under a strategy."
+    )
+
+
 WATCH_EVERY = 0.25  # seconds between the watchdog's looks at the owner and the parent
 
 
@@ -174,9 +229,10 @@ def die_with_owner(owner: int) -> None:
 def main(argv) -> int:
     pool, address, replicas = argv[0], argv[1], int(argv[2])
     die_with_owner(int(argv[3]) if len(argv) > 3 else 0)  # first: before any import of weight
-    from tfdist.testing import pools
-
-    pools.serving(pool)
+    # Run as `python -m`, this module is __main__, and the package's own copy of it (which
+    # pools asks, refuse_inside_a_pool) is another module object: both are marked.
+    serving(pool)
+    importlib.import_module("tfdist.testing.strategy_server").serving(pool)
     strategies = _strategies(pool, replicas)
     made = {}
     if POOL_KINDS[pool].at_start:
