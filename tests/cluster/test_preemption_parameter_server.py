@@ -193,10 +193,14 @@ def test_sigterm_to_the_chief_saves_after_the_scheduled_groups_and_exits_143(job
     assert PAIRS[name][2] <= signalled <= state["iterations"] <= signalled + (IN_FLIGHT + 4) * K
     assert state["iterations"] < EPOCHS * STEPS
     assert "SIGTERM to the coordinator (chief:0)" in _chief_log(jobs, name, "first")
-    # one checkpoint (its data in one shard per device that holds variables), older ones gone
+    # the newest two checkpoints (the data of each in one shard per device that holds
+    # variables), older ones gone
     checkpoint = [f for f in before["files"] if f != "tfdist-backup.json"]
-    assert f"{state['checkpoint']}.index" in checkpoint, before["files"]
-    assert all(f.startswith(state["checkpoint"] + ".") for f in checkpoint), before["files"]
+    names = [state["checkpoint"]]
+    if "previous" in state:
+        names.append(state["previous"]["checkpoint"])
+    assert all(f"{n}.index" in checkpoint for n in names), before["files"]
+    assert all(f.split(".")[0] in names for f in checkpoint), before["files"]
     if PAIRS[name][1] == "epoch":  # one save per epoch that ended, then the preemption's
         assert state["saves"] == state["epoch"] + 1, state
     else:  # one every 25 groups of K steps (the preemption's replaces one that is due)

@@ -18,7 +18,7 @@ def _checkpoint(value):
     return variable, tf.train.Checkpoint(v=variable)
 
 
-def test_the_chief_keeps_one_checkpoint_and_a_state_that_points_to_it(tmp_path):
+def test_the_chief_keeps_the_newest_two_checkpoints_and_a_state_that_points_to_them(tmp_path):
     store = BackupStore(str(tmp_path / "backup"), is_chief=True)
     assert store.latest() is None
     variable, checkpoint = _checkpoint(1.0)
@@ -26,12 +26,15 @@ def test_the_chief_keeps_one_checkpoint_and_a_state_that_points_to_it(tmp_path):
     variable.assign(2.0)
     store.save(checkpoint, {"epoch": 1, "step": 0})
     assert sorted(os.listdir(tmp_path / "backup")) == [
+        "ckpt-1.data-00000-of-00001",
+        "ckpt-1.index",
         "ckpt-2.data-00000-of-00001",
         "ckpt-2.index",
         STATE_FILE,
     ]
     state = store.latest()
     assert (state["epoch"], state["step"], state["saves"]) == (1, 0, 2)
+    assert [s["step"] for s in store.states()] == [0, 3]  # the newest, then the one before
     variable.assign(0.0)
     checkpoint.read(state["checkpoint"]).assert_consumed()
     assert variable.numpy() == 2.0

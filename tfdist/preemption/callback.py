@@ -35,7 +35,7 @@ from typing import Optional
 from tfdist import flavour, signals
 from tfdist.preemption import PREEMPTED_EXIT_CODE, Preempted
 from tfdist.preemption.agreement import Agreement
-from tfdist.preemption.backup import BackupStore
+from tfdist.preemption.backup import BackupStore, create_optimizer_variables
 from tfdist.preemption.parameter_server import ParameterServerBackup, Resume, say
 
 __all__ = ["BackupAndRestore"]
@@ -147,6 +147,8 @@ class BackupAndRestore:
             return
         self._is_chief, worker, workers, self._task = _role(strategy)
         self._store = BackupStore(self.backup_dir, self._is_chief)
+        if self._is_chief:  # a directory the first save cannot write: refused before training
+            self._store.check_writable()
         self._checkpoint = _checkpoint_of(model, strategy)
         self._steps_per_execution = _steps_per_execution(model)
         self._epoch, self._step, self._calls, self._since_save = 0, 0, 0, 0
@@ -154,9 +156,7 @@ class BackupAndRestore:
         self._skip_steps, self._skip_batches, self._skipped = 0, 0, False
         self._first_call_of_epoch = True
         self._previous_initial = _initial_epoch(model)
-        state = self._store.latest()
-        if state is not None:
-            self._restore(model, state)
+        self._restore(model, strategy)
         self._train_function = model.train_function
         model.train_function = self._train_step
         if self.save_before_preemption:
@@ -178,10 +178,10 @@ class BackupAndRestore:
         boundary); saving every `save_freq` calls, only one step per call."""
         if self.save_freq != "epoch":
             return k == 1
-        try:
-            state = BackupStore(self.backup_dir, is_chief=False).latest()
-            return state is None or int(state.get("step") or 0) % k == 0
-        except (ValueError, TypeError, AttributeError):
+        try:  # the newest backup, or the one before if the newest cannot be read
+            states = BackupStore(self.backup_dir, is_chief=False).states()
+            return all(state["step"] % k == 0 for state in states)
+        except (ValueError, OSError):
             return k == 1  # a state that is not a backup: on_train_begin names it
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -251,22 +251,45 @@ class BackupAndRestore:
 
     def _save(self, reason: str, epoch: int, step: int, position: Optional[int]) -> None:
         self._since_save = 0
-        self._store.save(
-            self._checkpoint,
-            {
-                "epoch": epoch,
-                "step": step,
-                "position": position,
-                "iterations": int(self.model.optimizer.iterations.numpy()),
-                "reason": reason,
-                "workers": self._agreement.num_workers if self._agreement else None,
-                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            },
-        )
+        try:
+            self._store.save(
+                self._checkpoint,
+                {
+                    "epoch": epoch,
+                    "step": step,
+                    "position": position,
+                    "iterations": int(self.model.optimizer.iterations.numpy()),
+                    "reason": reason,
+                    "workers": self._agreement.num_workers if self._agreement else None,
+                    "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                },
+            )
+        except BaseException:
+            self._close()  # Keras calls no on_train_end after an error: SIGTERM ends us again
+            raise
 
-    def _restore(self, model, state: dict) -> None:
-        self._store.restore(self._checkpoint, state)
-        epoch, step, position = int(state["epoch"]), int(state["step"]), state.get("position")
+    def _restore(self, model, strategy) -> None:
+        """Restores the newest backup that can be read, if any, and sets where fit resumes.
+        Refuses (ValueError) a backup that names no step of this fit or is another model's."""
+        states = self._store.states(epochs=_epochs(self))
+        if not states:
+            if self._is_chief:
+                self._store.warn_unlisted()
+            if flavour.uses_legacy_keras() and not getattr(model, "built", False):
+                warnings.warn(
+                    "tfdist.BackupAndRestore: the model is not built before fit (tf_keras "
+                    "builds it at the first step), so the fit that resumes from its backup "
+                    "cannot check and restore it, and will refuse it. HINT: start the model "
+                    "with tf_keras.Input(shape=...), or call model.build(input_shape) before "
+                    "fit.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            return
+        if flavour.uses_legacy_keras():  # its optimizer makes its slots at the first step
+            create_optimizer_variables(model, strategy)
+        state = self._store.restore(self._checkpoint, states)
+        epoch, step, position = state["epoch"], state["step"], state.get("position")
         _set_initial_epoch(model, epoch)
         # Keras calls the training function `step / steps_per_execution` times before the next
         # batch to train; a kept iterator first passes the batches of the earlier epochs.
@@ -274,6 +297,8 @@ class BackupAndRestore:
         self._skip_batches = max(int(position) - step, 0) if position is not None else 0
         if self._is_chief:
             where = f"epoch {epoch + 1}" + (f", step {step + 1}" if step else "")
+            if epoch >= (_epochs(self) or epoch + 1):  # kept by delete_checkpoint=False
+                where = f"the end: that training finished its {epoch} epochs, none is left"
             say(
                 f"tfdist: restored the backup in {self.backup_dir} "
                 f"(optimizer step {state.get('iterations')}); training resumes at {where}."
@@ -323,6 +348,12 @@ def _checkpoint_of(model, strategy):
         with strategy.scope():
             optimizer.build(model.trainable_variables)
     return tf.train.Checkpoint(model=model, optimizer=optimizer)
+
+
+def _epochs(callback) -> Optional[int]:
+    """The fit's `epochs` (Keras hands it to callbacks in `params`), or None."""
+    epochs = (getattr(callback, "params", None) or {}).get("epochs")
+    return epochs if isinstance(epochs, int) and not isinstance(epochs, bool) else None
 
 
 def _steps_per_execution(model) -> int:

@@ -43,7 +43,7 @@ from typing import Optional
 from tfdist import flavour, signals
 from tfdist.preemption import PREEMPTED_EXIT_CODE, Preempted
 from tfdist.preemption.agreement import Agreement
-from tfdist.preemption.backup import BackupStore
+from tfdist.preemption.backup import BackupStore, create_optimizer_variables
 
 __all__ = ["ParameterServerBackup"]
 
@@ -89,9 +89,10 @@ class ParameterServerBackup:
     def __init__(self, callback, model, strategy):
         import tensorflow as tf
 
-        self.callback, self.model = callback, model
+        self.callback, self.model, self._strategy = callback, model, strategy
         self.backup_dir = callback.backup_dir
         self._store = BackupStore(self.backup_dir, is_chief=True)
+        self._store.check_writable()  # refused before training, not at the first save
         self._checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
         save_freq = callback.save_freq
         self._every: Optional[int] = save_freq if isinstance(save_freq, int) else None
@@ -106,9 +107,7 @@ class ParameterServerBackup:
         self._agreement = Agreement(0, 1)
         self._listening = None
         self._task = _task(strategy)
-        state = self._store.latest()
-        if state is not None:
-            self._restore(state)
+        self._restore()
         if callback.save_before_preemption:
             self._listening = signals.listening(self._agreement.notice, self._task)
             self._listening.__enter__()
@@ -191,22 +190,35 @@ class ParameterServerBackup:
 
     def _save(self, reason: str, epoch: int, step: int) -> None:
         self._groups = 0
-        self._store.save(
-            self._checkpoint,
-            {
-                "epoch": epoch,
-                "step": step,
-                "position": None,  # each worker reads its own input: no position to restore
-                "iterations": self._iterations(),
-                "reason": reason,
-                "workers": self._workers,
-                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            },
-        )
+        try:
+            self._store.save(
+                self._checkpoint,
+                {
+                    "epoch": epoch,
+                    "step": step,
+                    "position": None,  # each worker reads its own input: no position
+                    "iterations": self._iterations(),
+                    "reason": reason,
+                    "workers": self._workers,
+                    "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                },
+            )
+        except BaseException:
+            self.close()  # no on_train_end comes after an error (tf_keras' fit)
+            raise
 
-    def _restore(self, state: dict) -> None:
-        self._store.restore(self._checkpoint, state)
-        epoch, step = int(state["epoch"]), int(state["step"])
+    def _restore(self) -> None:
+        """Restores the newest backup that can be read, if any; refuses (ValueError) one that
+        names no step of this fit or is another model's (tfdist.preemption.backup)."""
+        epochs = (getattr(self.callback, "params", None) or {}).get("epochs")
+        states = self._store.states(epochs=epochs if isinstance(epochs, int) else None)
+        if not states:
+            self._store.warn_unlisted()
+            return
+        # tf_keras' optimizer makes its slots at the first step; Keras 3's is built by now
+        create_optimizer_variables(self.model, self._strategy)
+        state = self._store.restore(self._checkpoint, states)
+        epoch, step = state["epoch"], state["step"]
         self._initial_step = step
         start = Resume(epoch, step) if self._legacy else epoch
         setattr(self.model, self._start_attribute, start)
