@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-matrix test-oldest test-next test-gpu lint demo docs bench wheel-smoke clean
+.PHONY: install test test-matrix test-oldest test-next test-gpu chaos lint demo docs bench wheel-smoke clean
 
 # torch (the "gloo" extra) is PyTorch's CPU build, from PyTorch's index where it is reachable
 # (PyPI's default build is CUDA's, several GB); --retries 0: an unreachable index costs nothing.
@@ -49,6 +49,15 @@ test-next: $(STAMP)
 # GPU_ARGS="--rehearse" runs it on CPUs.
 test-gpu:
 	$(PYTHON) tests/gpu/gpu_check.py $(GPU_ARGS)
+
+# The fault-injection campaign (tests/chaos/campaign.py): TRIALS real jobs under tfdist launch,
+# each with one or two faults at random steps (SIGKILL, SIGTERM, SIGSTOP, a full disk, a corrupt
+# backup, the launcher killed), every trial judged; chaos.md and chaos.json go to $(OUT) when
+# set, else to build/chaos-<time>. About half a minute a trial on 2 cores.
+TRIALS ?= 100
+SEED   ?= 1
+chaos: $(STAMP)
+	$(PY) tests/chaos/campaign.py --trials $(TRIALS) --seed $(SEED)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
