@@ -125,21 +125,36 @@ def _count(value: str) -> int:
 
 
 def _keras_fixes(value: str) -> KerasFixes:
-    """0 / false / no / off: every fix off; else the "-name" entries of a comma list are off."""
+    """0 / false / no / off: every fix off; else the "-name" entries of a comma list are off
+    (with 1 / true / yes / on, or nothing, between them)."""
     if value.strip().lower() in _OFF:
         return KerasFixes(False, frozenset())
-    parts = (part.strip() for part in value.split(","))
+    parts = [part.strip() for part in value.split(",")]
+    odd = [part for part in parts if part.lower() not in _ON + ("",) and part[:1] != "-"]
+    if odd or any(part == "-" for part in parts):
+        raise ValueError(
+            "0 (every fix off), or a comma list of -name entries (those fixes off), e.g. "
+            f"-no_xla_step_across_replicas; {', '.join(map(repr, odd or ['-']))} is neither"
+        )
     return KerasFixes(True, frozenset(part[1:] for part in parts if part.startswith("-")))
 
 
-def _not_zero(value: str) -> bool:
-    """False for exactly "0", True for any other value."""
-    return value != "0"
+def _on_unless_off(value: str) -> bool:
+    """0 / false / no / off: False; 1 / true / yes / on or empty: True."""
+    key = value.strip().lower()
+    if key in _OFF:
+        return False
+    if key in _ON or not key:
+        return True
+    raise ValueError("0 (or false, no, off) to turn it off, or 1 (or true, yes, on)")
 
 
 def _is_all(value: str) -> bool:
-    """True for "all" (any case)."""
-    return value.strip().lower() == "all"
+    """True for "all", False for "chief" or empty (any case)."""
+    key = value.strip().lower()
+    if key not in ("all", "chief", ""):
+        raise ValueError("all (progress bars on every worker) or chief (the default)")
+    return key == "all"
 
 
 def _text_or_none(value: str) -> Optional[str]:
@@ -275,11 +290,12 @@ KERAS_FIXES = Setting(
 )
 PS_DIRECT_SCHEDULE = Setting(
     "TFDIST_PS_DIRECT_SCHEDULE",
-    _not_zero,
+    _on_unless_off,
     True,
-    "`0` hands every scheduled group of steps to `ClusterCoordinator.schedule()`, TensorFlow's "
-    "public path, instead of tfdist's faster direct one; each group then reads its progress "
-    "counter from the ps. For diagnosing problems only",
+    "`0` (or `false`, `no`, `off`) hands every scheduled group of steps to "
+    "`ClusterCoordinator.schedule()`, TensorFlow's public path, instead of tfdist's faster "
+    "direct one; each group then reads its progress counter from the ps. For diagnosing "
+    "problems only",
     "`tfdist.fit` on parameter_server (Keras 3)",
     "`1`",
 )
@@ -287,7 +303,7 @@ PROGRESS = Setting(
     "TFDIST_PROGRESS",
     _is_all,
     False,
-    "`all` shows Keras progress bars on every worker; by default only the chief draws them",
+    "`all` shows Keras progress bars on every worker; `chief` (the default) only on the chief",
     "`tfdist.make_strategy` (multi_worker_mirrored)",
     "chief only",
 )

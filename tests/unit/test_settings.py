@@ -68,14 +68,19 @@ CASES = {
             ("OFF", KerasFixes(False, frozenset())),
             ("-a, -b", KerasFixes(True, frozenset({"a", "b"}))),
             ("1,-a", KerasFixes(True, frozenset({"a"}))),
+            ("-a,", KerasFixes(True, frozenset({"a"}))),
         ],
-        [],  # unknown fix names are refused by tfdist.fixes.turned_off, which knows the names
+        # unknown fix names are refused by tfdist.fixes.turned_off, which knows the names
+        ["junk", "a,-b", "-a,b", "-", "0.5"],
     ),
     settings.PS_DIRECT_SCHEDULE: (
-        [("0", False), ("1", True), ("", True), ("false", True)],  # only "0" turns it off
-        [],
+        [("0", False), ("1", True), ("", True), (" False ", False), ("off", False), ("on", True)],
+        ["junk", "2", "-1"],
     ),
-    settings.PROGRESS: ([("all", True), (" ALL ", True), ("", False), ("chief", False)], []),
+    settings.PROGRESS: (
+        [("all", True), (" ALL ", True), ("", False), ("chief", False), ("Chief", False)],
+        ["junk", "1", "workers"],
+    ),
     settings.REPORT_FILE: ([("/tmp/worker-0.json", "/tmp/worker-0.json"), ("", None)], []),
     settings.TASK: ([("worker:1", "worker:1")], []),
     settings.POOL_KEY: ([("00ff", "00ff")], []),
