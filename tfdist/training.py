@@ -108,6 +108,7 @@ def fit(
     """
     # Checked before the strategy is made: a multi-worker start-up waits for the peers.
     _check_counts(epochs, steps_per_epoch, validation_steps)
+    _check_callbacks(callbacks)
     strategy = _resolve_strategy(strategy)
     model = _build(build_model, strategy)
     plan = _Plan(
@@ -148,10 +149,42 @@ class _Plan:
     seed: Optional[int]
 
 
+def _check_callbacks(callbacks) -> None:
+    """None, or a list (or tuple) of objects with Keras' callback methods."""
+    if callbacks is None:
+        return
+    if not isinstance(callbacks, (list, tuple)):
+        raise TypeError(
+            f"callbacks must be a list of keras.callbacks.Callback. Received: "
+            f"callbacks={callbacks!r} (of type {type(callbacks).__name__}). HINT: wrap one "
+            "callback in a list: callbacks=[callback]."
+        )
+    for index, callback in enumerate(callbacks):
+        if not (hasattr(callback, "set_model") and hasattr(callback, "on_train_begin")):
+            raise TypeError(
+                f"callbacks[{index}] is not a Keras callback. Received: {callback!r} (of type "
+                f"{type(callback).__name__}). HINT: pass instances of keras.callbacks.Callback "
+                "(or its subclasses), e.g. callbacks=[tfdist.BackupAndRestore(path)]."
+            )
+
+
 def _resolve_strategy(strategy):
     """The strategy given, else `tfdist.make_strategy()` (which, in the worker and ps tasks of a
     parameter-server job, serves and does not return)."""
     if strategy is not None:
+        import tensorflow as tf
+
+        if not isinstance(strategy, tf.distribute.Strategy):
+            hint = (
+                f"tfdist.make_strategy({strategy!r})"
+                if isinstance(strategy, str)
+                else "tfdist.make_strategy()"
+            )
+            raise TypeError(
+                f"strategy must be a tf.distribute.Strategy. Received: strategy={strategy!r} (of "
+                f"type {type(strategy).__name__}). HINT: pass strategy={hint}, or leave it out "
+                "for make_strategy()'s choice."
+            )
         return strategy
     from tfdist.strategy import make_strategy
 

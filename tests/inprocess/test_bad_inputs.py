@@ -128,6 +128,61 @@ ROWS = [
         "ValueError",
         ["n=2.0", "positive integer"],
     ),
+    # ------------------------------------------------------------ arguments of the wrong kind
+    (
+        "fit-strategy-a-name",
+        lambda: fit(strategy="mirrored"),
+        "TypeError",
+        ["strategy='mirrored'", "tfdist.make_strategy('mirrored')", "HINT"],
+    ),
+    (
+        "fit-callbacks-not-a-list",
+        lambda: fit(callbacks=tfdist.BackupAndRestore(_tmp("cb"))),
+        "TypeError",
+        ["callbacks=<", "callbacks=[callback]", "HINT"],
+    ),
+    (
+        "fit-callbacks-not-callbacks",
+        lambda: fit(callbacks=[5]),
+        "TypeError",
+        ["callbacks[0]", "Received: 5", "HINT"],
+    ),
+    (
+        "launch-args-not-a-list",
+        lambda: tfdist.launch(__file__, args=5),
+        "TypeError",
+        ["args=5", "HINT"],
+    ),
+    (
+        "launch-args-a-string",
+        lambda: tfdist.launch(__file__, args="--epochs 3"),
+        "TypeError",
+        ["args='--epochs 3'", "HINT"],
+    ),
+    (
+        "detect-cluster-env-not-a-mapping",
+        lambda: tfdist.detect_cluster(["TF_CONFIG"]),
+        "TypeError",
+        ["env=['TF_CONFIG']", "HINT"],
+    ),
+    (
+        "start-local-servers-not-a-cluster",
+        lambda: tfdist.start_local_servers({"worker": ["127.0.0.1:1"]}),
+        "TypeError",
+        ["{'worker': ['127.0.0.1:1']}", "ClusterSpec.local", "HINT"],
+    ),
+    (
+        "exit-barrier-timeout-a-word",
+        lambda: tfdist.exit_barrier(timeout="a"),
+        "ValueError",
+        ["timeout='a'", "HINT"],
+    ),
+    (
+        "exit-barrier-timeout-0",
+        lambda: tfdist.exit_barrier(timeout=0),
+        "ValueError",
+        ["timeout=0", "HINT"],
+    ),
     # ------------------------------------------------------------------------- TF_CONFIG
     (
         "tf_config-not-json",

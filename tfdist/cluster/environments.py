@@ -98,5 +98,11 @@ def detect_cluster(env: Optional[Mapping[str, str]] = None) -> ClusterSpec:
 
     Raises:
         ClusterConfigError: the detected environment describes an invalid cluster.
+        TypeError: `env` is not a mapping of variable names to values.
     """
+    if env is not None and not isinstance(env, Mapping):
+        raise TypeError(
+            f"env must be a mapping of environment variables (like os.environ). Received: "
+            f"env={env!r} (of type {type(env).__name__}). HINT: leave it out to read os.environ."
+        )
     return detect_environment(env).cluster_spec(env)

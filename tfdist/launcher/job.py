@@ -122,6 +122,11 @@ def plan_job(
         raise ValueError(
             f"Nothing to launch: target={target!r}. HINT: give a script path or -m module."
         )
+    if isinstance(args, (str, bytes)) or not all(isinstance(arg, str) for arg in _iterable(args)):
+        raise TypeError(
+            f"args must be a list of strings, the script's arguments. Received: args={args!r}. "
+            "HINT: e.g. args=['--epochs', '3']."
+        )
     if ps and not chief:
         chief = True  # the coordinator of a parameter-server job
     if cluster is None:
@@ -154,6 +159,13 @@ def plan_job(
             )
         plans.append(TaskPlan(f"{job}:{index}", tuple(argv), env, serves))
     return plans
+
+
+def _iterable(value) -> tuple:
+    try:
+        return tuple(value)
+    except TypeError:
+        return (None,)  # not iterable: refused as not a list of strings
 
 
 class _Task:

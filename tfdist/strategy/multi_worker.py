@@ -222,6 +222,11 @@ def exit_barrier(timeout: float = 120.0) -> None:
     """
     import tensorflow as tf
 
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(
+            f"exit_barrier(timeout) must be a positive number of seconds. Received: "
+            f"timeout={timeout!r}. HINT: e.g. timeout=120, the default."
+        )
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
     for key, strategy in list(_MWMS_CACHE.items()):
         if key == ("local",):

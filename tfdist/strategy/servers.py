@@ -40,6 +40,12 @@ def start_local_servers(cluster: ClusterSpec, tasks: Optional[Sequence[tuple]] =
     """
     import tensorflow as tf
 
+    if not isinstance(cluster, ClusterSpec):
+        raise TypeError(
+            f"start_local_servers(cluster) needs a tfdist.ClusterSpec. Received: {cluster!r} (of "
+            f"type {type(cluster).__name__}). HINT: e.g. tfdist.ClusterSpec.local(workers=2, "
+            "ps=1) for a cluster on this host."
+        )
     if tasks is None:
         tasks = [(job, i) for job, i in cluster.tasks if job in ("worker", "ps")]
     warn_if_reachable(cluster)
