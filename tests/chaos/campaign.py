@@ -14,6 +14,9 @@ optimizer step reached a step drawn at random:
     preempt         SIGTERM to the leader or worker 1 (they save and exit 143)
     freeze          SIGSTOP to worker 1 for FROZEN seconds, longer than the collective
                     timeout (TFDIST_COLLECTIVE_TIMEOUT=8), then SIGCONT
+    network_cut     the job's network cut for FROZEN seconds, then restored: the loopback
+                    device of the job's private network namespace down (every task's links
+                    at once: one task alone cannot be cut off in a namespace they share)
     disk_full       RLIMIT_FSIZE of 4 KiB on the task that writes the checkpoint data (the
                     leader, or the ps): its next save fails
     corrupt_backup  SIGKILL to the launcher, half the newest checkpoint's data truncated or
@@ -30,13 +33,15 @@ and then judges the trial (`judge`):
 - nothing is left in its TMPDIR (the launcher's report folder, scratch checkpoints, ...);
 - a corrupt newest backup was reported in one warning naming it, and training resumed from
   the previous one;
-- each fault was recovered from (training passed the step it had reached) within
-  RECOVERY_BOUND seconds.
+- each fault was recovered from within RECOVERY_BOUND seconds: a restart trained past the step
+  training had reached (or, for a freeze or a network cut, which a job may ride out, training
+  went on after it).
 
 It writes chaos.md (a table: fault, trials, survived, median and worst recovery) and
 chaos.json (every trial) to --out (default build/chaos-<time>), and exits 1 unless every trial
-survived. Network cuts are not injected: a local job's tasks share one network namespace, and
-cutting one task off needs a namespace (and veth pair) per task.
+survived. The network cut is the whole job's (its tasks share one network namespace); it
+needs nsenter, ip and the right to enter the namespace (root, or the launcher's user
+namespace), and is recorded as not cut elsewhere.
 """
 
 from __future__ import annotations
@@ -89,10 +94,16 @@ FAULTS: Dict[str, tuple] = {
     "kill_ps": (("parameter_server",), ("ps:0",)),
     "preempt": (("multi_worker_mirrored", "parameter_server"), ("leader", "worker:1")),
     "freeze": (("multi_worker_mirrored",), ("worker:1",)),
+    "network_cut": (("multi_worker_mirrored", "parameter_server"), ("worker:1",)),
     "disk_full": (("multi_worker_mirrored", "parameter_server"), ("writer",)),
     "corrupt_backup": (("multi_worker_mirrored", "parameter_server"), ("launcher",)),
     "kill_launcher": (("multi_worker_mirrored", "parameter_server"), ("launcher",)),
 }
+
+
+# Faults a job may ride out without a restart (parameter_server waits for a worker that comes
+# back); every other fault must restart the job from its backup.
+RIDDEN_OUT = ("freeze", "network_cut")
 
 
 @dataclasses.dataclass
@@ -103,7 +114,7 @@ class Fault:
     injected_at: Optional[float] = None
     step_then: Optional[int] = None
     starts_then: int = 0  # the leader's starts of training before the fault
-    recovery: Optional[float] = None  # seconds until a new start trained past step_then
+    recovery: Optional[float] = None  # seconds until training went past the fault's step
     note: str = ""
 
 
@@ -268,6 +279,22 @@ def _corrupt(path: str, rng: random.Random) -> str:
     return f"overwrote half of {os.path.basename(path)} with random bytes"
 
 
+def _set_loopback(pid: int, state: str) -> bool:
+    """Sets the loopback device of process `pid`'s network namespace up or down; False where
+    that namespace is this process's own (a job without a private one) or cannot be entered."""
+    try:
+        if os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino:
+            return False
+    except OSError:
+        return False
+    done = subprocess.run(
+        ["nsenter", "-t", str(pid), "-n", "ip", "link", "set", "lo", state],
+        capture_output=True,
+        timeout=10,
+    )
+    return done.returncode == 0
+
+
 def _task_of(fault: Fault, strategy: str) -> str:
     if fault.task == "writer":  # the task that writes the checkpoint's data: a ps holds them
         return "ps:0" if strategy == "parameter_server" else _leader(strategy)
@@ -318,6 +345,12 @@ def inject(run: Run, fault: Fault, rng: random.Random) -> None:
             os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
+    elif fault.kind == "network_cut":
+        if not _set_loopback(pid, "down"):
+            fault.note = "the job has no network namespace of its own: nothing cut"
+            return
+        time.sleep(FROZEN)
+        _set_loopback(pid, "up")  # the namespace may be gone already (its tasks ended)
     elif fault.kind == "disk_full":
         resource.prlimit(pid, resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
     fault.note = fault.note or f"{task} (pid {pid})"
@@ -338,10 +371,14 @@ def run_trial(trial: Trial, rng: random.Random, references: Dict[str, list]) -> 
                 )
                 break
             inject(run, fault, rng)
-            passed = run.wait_for(
-                lambda f=fault: run.starts() > f.starts_then and run.progress() > f.step_then,
-                until,
-            )
+            after = run.progress()  # where training stood once the fault was over
+
+            def recovered(f=fault, after=after):
+                if run.starts() > f.starts_then:  # restarted, and trained past the fault
+                    return run.progress() > f.step_then
+                return f.kind in RIDDEN_OUT and run.progress() > after
+
+            passed = run.wait_for(recovered, until)
             if passed:
                 fault.recovery = time.monotonic() - fault.injected_at
                 if fault.recovery > RECOVERY_BOUND:

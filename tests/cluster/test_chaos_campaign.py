@@ -18,6 +18,7 @@ FAULTS = [
     "kill_ps",
     "preempt",
     "freeze",
+    "network_cut",
     "disk_full",
     "corrupt_backup",
     "kill_launcher",
@@ -28,13 +29,13 @@ FAULTS = [
 def test_every_fault_of_a_seeded_campaign_is_survived_with_nothing_lost(tmp_path):
     out = tmp_path / "chaos"
     done = subprocess.run(
-        [sys.executable, str(CAMPAIGN), "--trials", "8", "--seed", "7", "--out", str(out)],
+        [sys.executable, str(CAMPAIGN), "--trials", "9", "--seed", "7", "--out", str(out)],
         capture_output=True, text=True, timeout=1500,
         env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"},
     )  # fmt: skip
     trials = json.loads((out / "chaos.json").read_text())
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert len(trials) == 8 and all(t["survived"] for t in trials)
+    assert len(trials) == 9 and all(t["survived"] for t in trials)
     assert sorted(t["faults"][0]["kind"] for t in trials) == sorted(FAULTS)
     for trial in trials:
         for fault in trial["faults"]:
@@ -42,6 +43,6 @@ def test_every_fault_of_a_seeded_campaign_is_survived_with_nothing_lost(tmp_path
     assert {t["flavour"] for t in trials} == {"keras3", "tf_keras"}
     assert {t["strategy"] for t in trials} == {"multi_worker_mirrored", "parameter_server"}
     table = (out / "chaos.md").read_text()
-    assert "8 of 8 trials survived" in table
+    assert "9 of 9 trials survived" in table
     for fault in FAULTS:
         assert f"| {fault} |" in table
