@@ -398,6 +398,13 @@ def run_trial(trial: Trial, rng: random.Random, references: Dict[str, list]) -> 
             os.killpg(run.proc.pid, signal.SIGKILL)
             trial.exit_code = run.proc.wait()
     finally:
+        if run.proc.poll() is None:  # the campaign itself is stopping: so does its job
+            os.killpg(run.proc.pid, signal.SIGTERM)
+            try:
+                run.proc.wait(timeout=GRACE + 10)
+            except subprocess.TimeoutExpired:
+                os.killpg(run.proc.pid, signal.SIGKILL)
+                run.proc.wait()
         run.log.close()
         trial.seconds = time.monotonic() - started
     judge(trial, run, references)
@@ -541,6 +548,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT"))
     parser.add_argument("--keep", action="store_true", help="keep each trial's folder")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     faults = [f for f in args.faults.split(",") if f]
     unknown = sorted(set(faults) - set(FAULTS))
     if unknown or args.trials < 1:
