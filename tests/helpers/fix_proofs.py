@@ -426,6 +426,46 @@ def _fit_and_evaluate_ran(result) -> Optional[str]:
     return None
 
 
+def generator_read_once(strategy):
+    """fit of a Python generator of 20 batches (counted by a callback), and of one whose 5th
+    batch raises ValueError: the batches fit trained, and what it raised."""
+    k = _keras()
+
+    def batches(bad=None):
+        for i in range(20):
+            if i == bad:
+                raise ValueError(f"bad record {i}")
+            yield np.full((8, 4), 0.1, "float32"), np.ones((8, 1), "float32")
+
+    class Count(k.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.batches = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.batches += 1
+
+    counted = Count()
+    scenarios.mlp(strategy).fit(batches(), epochs=1, verbose=0, callbacks=[counted])
+    try:
+        history = scenarios.mlp(strategy).fit(batches(bad=4), epochs=1, verbose=0)
+        raised = f"nothing: fit returned {history.history}"
+    except Exception as err:  # the generator's error, as TensorFlow carries it
+        raised = f"{type(err).__name__}: {err}"
+    return {
+        "batches": counted.batches,
+        "names_the_error": "ValueError: bad record 4" in raised,
+        "raised": raised[:300],
+    }
+
+
+def _every_batch_and_the_error(result) -> Optional[str]:
+    if result["batches"] != 20:
+        return f"fit of a generator of 20 batches trained {result['batches']}"
+    if not result["names_the_error"]:
+        return f"fit of a generator whose 5th batch raises ValueError raised {result['raised']}"
+    return None
+
+
 LARGE = 18_000_003  # float32 elements: 72 MB, 5 pieces of 16 MiB (tfdist.fixes.collectives)
 
 
@@ -732,6 +772,14 @@ _PROOFS = [
         fit_datasets_from_function,
         _one(_fit_and_evaluate_ran),
         ("Unrecognized data type",),
+    ),
+    Proof(
+        "python_generator_read_once",
+        MIRRORED,
+        "fit of a Python generator on 4 replicas trains its 20 batches, and an error raised at "
+        "the 5th comes out of fit (upstream: 16 batches, and fit returns normally)",
+        generator_read_once,
+        _one(_every_batch_and_the_error),
     ),
     Proof(
         "multi_worker_mean_of_metric_results",

@@ -259,6 +259,7 @@ TF_KERAS_STEPS_PER_EXECUTION = Fix(
     library="tf_keras",
 )
 _TF_KERAS_MODEL = "tf_keras.src.engine.training:Model"
+_TF_KERAS_ADAPTERS = "tf_keras.src.engine.data_adapter"
 
 
 @TF_KERAS_STEPS_PER_EXECUTION.variant(
@@ -267,6 +268,10 @@ _TF_KERAS_MODEL = "tf_keras.src.engine.training:Model"
         Target(f"{_TF_KERAS_MODEL}.fit", ("self", "x", "y", "batch_size")),
         Target(f"{_TF_KERAS_MODEL}.make_train_function", ("self", "force")),
         Target(f"{_TF_KERAS_MODEL}.get_metrics_result", ("self",)),
+        Target(f"{_TF_KERAS_ADAPTERS}:select_data_adapter", ("x", "y")),
+        f"{_TF_KERAS_ADAPTERS}:GeneratorDataAdapter",
+        f"{_TF_KERAS_ADAPTERS}:DatasetCreatorAdapter",
+        f"{_TF_KERAS_ADAPTERS}:DatasetAdapter",
     ],
 )
 def _fix_tf_keras_steps_per_execution():
@@ -280,7 +285,9 @@ def _fix_tf_keras_steps_per_execution():
     # call (chosen as for Keras 3) through a train function of tfdist's: K-1 steps of
     # upstream's step with get_metrics_result() giving no logs (the metrics still update), then
     # upstream's step, logs and all: the same steps, weights and logs at each call's end. The
-    # model's setting and functions are back after the call.
+    # model's setting and functions are back after the call. Data whose steps tf_keras cannot
+    # count before it reads them (a generator, a dataset of unknown cardinality, with no
+    # steps_per_epoch) keep 1: its DataHandler refuses more ("Could not infer the size").
     import tensorflow as tf
     from tensorflow.python.distribute import mirrored_strategy
     from tf_keras.src.engine import training
@@ -350,7 +357,9 @@ def _fix_tf_keras_steps_per_execution():
         if not eligible(self):
             return original(self, *args, **kwargs)
         arguments = signature.bind(self, *args, **kwargs).arguments
-        k = choose(_steps_of("fit", arguments), arguments.get("callbacks"), "fit")
+        k = 1  # where tf_keras cannot count the steps, it takes no other (still agreed on)
+        if _tf_keras_counts_steps(arguments):
+            k = choose(_steps_of("fit", arguments), arguments.get("callbacks"), "fit")
         k = _agreed(self.distribute_strategy, k)
         if k == 1:
             return original(self, *args, **kwargs)
@@ -358,6 +367,43 @@ def _fix_tf_keras_steps_per_execution():
             return original(self, *args, **kwargs)
 
     training.Model.fit = fit
+
+
+def _tf_keras_counts_steps(arguments: dict) -> bool:
+    """Whether tf_keras knows the steps of fit's data and validation data before it reads them.
+
+    Where it does not (a dataset of unknown cardinality or a Python generator, with no
+    steps_per_epoch / validation_steps), its DataHandler refuses steps_per_execution > 1
+    ("Could not infer the size of the data"), and the data's end is what ends the epoch: fit
+    then keeps one step per call.
+    """
+    if not _tf_keras_knows_size(arguments.get("x"), arguments.get("steps_per_epoch")):
+        return False
+    validation = arguments.get("validation_data")
+    if validation is None:
+        return True
+    if isinstance(validation, tuple):  # (x, y) or (x, y, sample_weight) of arrays
+        validation = validation[0]
+    return _tf_keras_knows_size(validation, arguments.get("validation_steps"))
+
+
+def _tf_keras_knows_size(x, steps) -> bool:
+    """tf_keras' own rule (DataHandler._infer_steps): the steps given, else the adapter's size,
+    else a tf.data.Dataset's cardinality; a generator or a distributed dataset has none."""
+    if steps is not None and steps != -1:
+        return True
+    import tensorflow as tf
+    from tf_keras.src.engine import data_adapter
+
+    try:
+        adapter = data_adapter.select_data_adapter(x, None)
+    except (ValueError, RuntimeError):
+        return False  # tf_keras refuses the data itself, with its own message
+    if adapter in (data_adapter.GeneratorDataAdapter, data_adapter.DatasetCreatorAdapter):
+        return False
+    if adapter is data_adapter.DatasetAdapter:
+        return isinstance(x, tf.data.Dataset) and int(x.cardinality()) >= 0
+    return True  # arrays, tensors, lists of scalars, a keras.utils.Sequence: their length
 
 
 FIXES = (STEPS_PER_EXECUTION, TF_KERAS_STEPS_PER_EXECUTION)

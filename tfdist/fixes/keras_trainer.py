@@ -27,3 +27,13 @@ def tf_trainer():
     from keras.src.backend.tensorflow import trainer
 
     return trainer
+
+
+def needs_a_batch(model) -> bool:
+    """What Keras' _symbolic_build (3.5 on) builds from a batch: layers, compiled metrics, loss."""
+    metrics, loss = model._compile_metrics, model._compile_loss
+    return (
+        not all(layer.built for layer in model._flatten_layers())
+        or (metrics is not None and not metrics.built)
+        or (loss is not None and not loss.built)
+    )

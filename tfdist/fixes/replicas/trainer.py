@@ -4,7 +4,7 @@ and no XLA-compiled step across local replicas.
 Nothing here imports TensorFlow or Keras at import time.
 """
 
-from tfdist.fixes.keras_trainer import TF_TRAINER, TRAINER
+from tfdist.fixes.keras_trainer import TF_TRAINER, TRAINER, needs_a_batch
 from tfdist.fixes.record import Fix, Target
 
 SYMBOLIC_BUILD = Fix(
@@ -54,7 +54,7 @@ def _patch_symbolic_build(batches_of):
         if self._distribute_strategy is None:
             return  # as upstream: no strategy, build lazily when tracing
         strategy = self.distribute_strategy
-        if iterator is not None and _needs_a_batch(self):
+        if iterator is not None and needs_a_batch(self):
             for batches in batches_of(iterator):
                 data_batch = tree.map_structure(
                     lambda v: (
@@ -69,16 +69,6 @@ def _patch_symbolic_build(batches_of):
             self._symbolic_build(data_batch=data_batch)
 
     TF_TRAINER.get()._maybe_symbolic_build = _maybe_symbolic_build
-
-
-def _needs_a_batch(model) -> bool:
-    """What Keras' _symbolic_build (3.5 on) builds from a batch: layers, compiled metrics, loss."""
-    metrics, loss = model._compile_metrics, model._compile_loss
-    return (
-        not all(layer.built for layer in model._flatten_layers())
-        or (metrics is not None and not metrics.built)
-        or (loss is not None and not loss.built)
-    )
 
 
 @SYMBOLIC_BUILD.variant(
