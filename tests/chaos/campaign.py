@@ -492,7 +492,10 @@ def plan_trials(n: int, seed: int, faults: List[str], root: str) -> List[Trial]:
         kinds = [kind]
         if rng.random() < 0.3:  # a second fault, later in the same trial
             kinds.append(rng.choice([k for k in faults if strategy in FAULTS[k][0]]))
-        steps = sorted(rng.sample(range(3, TOTAL - 8), len(kinds)))
+        # A corrupt backup is judged on its fallback to the one before: from step 5 there are
+        # two (saves at 2 and 4); a job whose only backup is unreadable stops with an error.
+        low = 5 if "corrupt_backup" in kinds else 3
+        steps = sorted(rng.sample(range(low, TOTAL - 8), len(kinds)))
         if len(steps) == 2 and steps[1] - steps[0] < 4:
             steps[1] = min(steps[0] + 4, TOTAL - 4)
         chosen = [Fault(k, rng.choice(FAULTS[k][1]), s) for k, s in zip(kinds, steps)]
