@@ -325,6 +325,16 @@ TASK = Setting(
     "the launcher and `run_cluster`",
     "set by the launcher",
 )
+TASK_TMPDIR = Setting(
+    "TFDIST_TASK_TMPDIR",
+    _text_or_none,
+    None,
+    "the task's own scratch directory, where non-chief workers write their copy of each "
+    "checkpoint; the task's keeper makes it and removes it with all it holds once the task has "
+    "ended, even when the task was killed in the middle of a save",
+    "`tfdist.BackupAndRestore`, Keras `ModelCheckpoint` and `BackupAndRestore` (non-chief workers)",
+    "set by the launcher (TMPDIR itself without it)",
+)
 POOL_KEY = Setting(
     "TFDIST_POOL_KEY",
     _text,
@@ -412,6 +422,7 @@ SETTINGS = (
     PROGRESS,
     REPORT_FILE,
     TASK,
+    TASK_TMPDIR,
     POOL_KEY,
     NETWORK_NAMESPACE,
     VERBOSE,

@@ -171,6 +171,9 @@ def test_sigterm_to_the_launcher_leaves_no_orphans(tmp_path):
 # task's process group, it escapes the launcher's signals to the group.
 _ESCAPING = """
     import os, subprocess, sys, time
+    from tfdist import scratch
+    with open(os.path.join(scratch.make_dir("tfdist-backup-"), "ckpt.index"), "w") as f:
+        f.write("a save cut short")
     pids = os.path.join({folder!r}, os.environ["TFDIST_TASK"].replace(":", "-") + ".pids")
     code = (
         "import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -216,7 +219,7 @@ def test_kill_9_of_the_launcher_ends_its_tasks_and_all_they_started(tmp_path):
     launcher.wait(timeout=10)
     # The tasks get SIGTERM at once, what ignores it SIGKILL after --grace 2.
     assert not _gone(pids, within=15), "processes of the job outlived its launcher"
-    assert os.listdir(reports) == []  # nor its report folder
+    assert os.listdir(reports) == []  # nor its report folder, nor the tasks' scratch files
     os.rmdir(reports)
 
 
@@ -228,6 +231,35 @@ def test_what_a_task_started_in_a_session_of_its_own_ends_with_the_task(tmp_path
     pids = _pids(tmp_path, timeout=0)
     assert not _gone(pids, within=0)  # SIGKILL after 5 s to what ignores the SIGTERM
     assert 4 < time.monotonic() - started < 30
+
+
+def test_the_scratch_files_of_a_task_killed_mid_save_are_removed(tmp_path, monkeypatch):
+    script = _script(
+        tmp_path,
+        f"""
+        import os, signal, time
+        from tfdist import scratch
+        task = os.environ["TFDIST_TASK"]
+        directory = scratch.make_dir("tfdist-backup-")
+        with open(os.path.join(directory, "ckpt.data-00000-of-00001"), "w") as f:
+            f.write("half a checkpoint")
+        with open(os.path.join({str(tmp_path)!r}, task.replace(":", "-") + ".dir"), "w") as f:
+            f.write(directory)
+        if task == "worker:1":
+            os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer would
+        time.sleep(120)
+    """,
+    )
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # the tasks' (and their keepers') TMPDIR
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # the launcher's own
+    result = run_job(plan_job(script, workers=2), quiet=True)
+    assert result.tasks["worker:1"].returncode == -signal.SIGKILL
+    written = [f.read_text() for f in tmp_path.glob("*.dir")]
+    assert len(written) == 2 and all(d.startswith(str(temp)) for d in written), written
+    assert not [d for d in written if os.path.exists(d)]
+    assert os.listdir(temp) == []
 
 
 def test_a_task_keeps_its_exit_status_and_signal_under_its_keeper(tmp_path):

@@ -83,6 +83,7 @@ CASES = {
     ),
     settings.REPORT_FILE: ([("/tmp/worker-0.json", "/tmp/worker-0.json"), ("", None)], []),
     settings.TASK: ([("worker:1", "worker:1")], []),
+    settings.TASK_TMPDIR: ([("/tmp/tfdist-task-x1", "/tmp/tfdist-task-x1"), ("", None)], []),
     settings.POOL_KEY: ([("00ff", "00ff")], []),
     settings.NETWORK_NAMESPACE: (
         [("auto", "auto"), (" Require ", "require"), ("off", "off"), ("0", "off"), ("no", "off")],

@@ -63,12 +63,13 @@ def _fix_multi_worker_checkpoints():
     # deletes the backup at the end. All workers restore from the chief's backup (a shared
     # filesystem, as in tf_keras).
     import shutil
-    import tempfile
 
     from keras.src.callbacks import backup_and_restore, model_checkpoint
 
+    from tfdist import scratch as scratch_files
+
     def temp_dir(task_id):
-        return tempfile.mkdtemp(prefix=f"tfdist-worker{task_id}-")
+        return scratch_files.make_dir(f"tfdist-worker{task_id}-")
 
     checkpoint_cls = model_checkpoint.ModelCheckpoint
     original_path, original_save = checkpoint_cls._get_file_path, checkpoint_cls._save_model

@@ -194,6 +194,10 @@ class _Task:
             settings.REPORT_FILE.name,
             os.path.join(report_dir, plan.task.replace(":", "-") + ".json"),
         )
+        # Its scratch files (tfdist.scratch), removed by its keeper once it has ended.
+        scratch = os.path.join(report_dir, plan.task.replace(":", "-") + ".tmp")
+        os.mkdir(scratch)
+        env[settings.TASK_TMPDIR.name] = scratch
         self.log = (
             open(os.path.join(log_dir, plan.task.replace(":", "-") + ".log"), "a")
             if log_dir
@@ -207,7 +211,7 @@ class _Task:
         self.lifeline: Optional[int] = None
         if keeping.available():
             read, self.lifeline = os.pipe()
-            argv, fds = keeping.wrap(argv, read, grace, self.report), (*fds, read)
+            argv, fds = keeping.wrap(argv, read, grace, self.report, scratch), (*fds, read)
         try:
             self.proc = subprocess.Popen(
                 argv,

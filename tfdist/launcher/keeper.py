@@ -1,8 +1,9 @@
 """The keeper: the process between the launcher and one task, so that nothing the task starts
 outlives the job, even when the launcher itself is killed with `kill -9`.
 
-The launcher starts `python -I -S keeper.py LIFELINE GRACE REPORT -- ARGV...` as the head of the
-task's process group; the keeper forks the task (which execs ARGV, in the same group) and:
+The launcher starts `python -I -S keeper.py LIFELINE GRACE REPORT SCRATCH -- ARGV...` as the
+head of the task's process group; the keeper forks the task (which execs ARGV, in the same
+group) and:
 
 - is the task's subreaper (PR_SET_CHILD_SUBREAPER): whatever the task starts, even in a new
   session of its own, stays the keeper's descendant when its parent exits;
@@ -15,7 +16,10 @@ task's process group; the keeper forks the task (which execs ARGV, in the same g
   `LEFTOVER_GRACE` seconds, and exits as the task did (its exit code, or the signal that
   ended it), so the launcher reports the task and not the keeper;
 - ignores the signals the launcher sends to the group (SIGTERM, SIGINT, ...): the task gets
-  them itself, as a member of the group.
+  them itself, as a member of the group;
+- removes SCRATCH, the task's scratch directory (TFDIST_TASK_TMPDIR, `tfdist.scratch`),
+  with what a task killed in the middle of a save left there, once the task and its
+  descendants have ended.
 
 The task dies with the keeper (PR_SET_PDEATHSIG): a keeper killed with SIGKILL takes its task
 along. Linux only; elsewhere the launcher starts tasks without a keeper (`available`).
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import sys
 import time
@@ -53,10 +58,11 @@ def available() -> bool:
     return sys.platform.startswith("linux") and os.path.isdir("/proc/self")
 
 
-def wrap(argv, lifeline: int, grace: float, report: str = "") -> list:
+def wrap(argv, lifeline: int, grace: float, report: str = "", scratch: str = "") -> list:
     """The command line that runs `argv` under a keeper reading the pipe end `lifeline` (pass
     it in Popen's pass_fds); `report` is the task's report file in the launcher's report
-    directory (`tfdist.training_report`)."""
+    directory (`tfdist.training_report`), `scratch` the task's scratch directory, which the
+    keeper removes after the task."""
     return [
         sys.executable,
         "-I",
@@ -65,6 +71,7 @@ def wrap(argv, lifeline: int, grace: float, report: str = "") -> list:
         str(lifeline),
         repr(float(grace)),
         report,
+        scratch,
         "--",
         *argv,
     ]
@@ -115,8 +122,8 @@ def _remove_report(path: str) -> None:
 
 
 class _Keeper:
-    def __init__(self, lifeline: int, grace: float, report: str):
-        self.lifeline, self.grace, self.report = lifeline, grace, report
+    def __init__(self, lifeline: int, grace: float, report: str, scratch: str):
+        self.lifeline, self.grace, self.report, self.scratch = lifeline, grace, report, scratch
         self.task = 0
         self.status = None  # the task's wait status, once it exited
 
@@ -172,6 +179,7 @@ class _Keeper:
         while self.status is None:
             if gone:
                 self.sweep(self.grace)
+                self.remove_scratch()
                 _remove_report(self.report)
                 gone = False
             readable, _, _ = select.select([self.lifeline], [], [], 0.1)
@@ -186,6 +194,11 @@ class _Keeper:
                     self.sweep(0.0, signal.SIGKILL)
             self.reap()
         self.sweep(LEFTOVER_GRACE)
+        self.remove_scratch()
+
+    def remove_scratch(self) -> None:
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
     def exit_as_the_task(self) -> None:
         status = self.status
@@ -208,11 +221,11 @@ class _Keeper:
 
 
 def main(args) -> None:
-    lifeline, grace, report, dashes, argv = int(args[0]), float(args[1]), args[2], args[3], args[4:]
-    if dashes != "--" or not argv:
-        sys.stderr.write("usage: keeper.py LIFELINE GRACE REPORT -- ARGV...\n")
+    if len(args) < 6 or args[4] != "--":
+        sys.stderr.write("usage: keeper.py LIFELINE GRACE REPORT SCRATCH -- ARGV...\n")
         os._exit(2)
-    keeper = _Keeper(lifeline, grace, report)
+    keeper = _Keeper(int(args[0]), float(args[1]), args[2], args[3])
+    argv = args[5:]
     keeper.run(argv)
     keeper.exit_as_the_task()
 

@@ -39,11 +39,11 @@ import os
 import posixpath
 import re
 import shutil
-import tempfile
 import warnings
 from typing import List, Optional
 
 from tfdist import flavour
+from tfdist import scratch as scratch_files
 from tfdist.errors import is_count
 
 __all__ = ["BackupStore", "STATE_FILE", "create_optimizer_variables"]
@@ -479,7 +479,7 @@ class BackupStore:
         import tensorflow as tf
 
         if not self.is_chief:
-            scratch = tempfile.mkdtemp(prefix="tfdist-backup-")
+            scratch = scratch_files.make_dir("tfdist-backup-")
             try:
                 with _saver_retracing_unsaid():
                     checkpoint.write(os.path.join(scratch, "ckpt"))
