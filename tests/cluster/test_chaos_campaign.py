@@ -25,15 +25,14 @@ FAULTS = [
 ]
 
 
-# Seed 4 draws every fault, both strategies and both Keras, and three trials with two faults;
-# it draws no worker fault of a tf_keras parameter_server job: tf_keras' own fit there may
-# apply a step twice when a worker dies in the middle of it (ClusterCoordinator runs the
-# closure again), which the long campaign found (1 of 100 trials) and is not fixed yet.
+# Seed 11 draws every fault, both strategies and both Keras, four trials with two faults, and
+# a worker killed in a tf_keras parameter_server job (whose fit applied a step twice, 1 trial
+# of 100, before the fix tf_keras_parameter_server_step_applied_once).
 @pytest.mark.slow
 def test_every_fault_of_a_seeded_campaign_is_survived_with_nothing_lost(tmp_path):
     out = tmp_path / "chaos"
     done = subprocess.run(
-        [sys.executable, str(CAMPAIGN), "--trials", "9", "--seed", "4", "--out", str(out)],
+        [sys.executable, str(CAMPAIGN), "--trials", "9", "--seed", "11", "--out", str(out)],
         capture_output=True, text=True, timeout=1500,
         env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"},
     )  # fmt: skip

@@ -605,6 +605,50 @@ def _plain_fit_works(result) -> Optional[str]:
 
 PS_STEPS = 20
 
+RERUN_STEPS, RERUN_K, RERUN_EPOCHS = 5, 2, 2  # per epoch: calls of 2, 2 and 1 steps
+
+
+def ps_rerun_call(strategy):
+    """tf_keras fit on the ps, the second call of its train function run twice, as
+    ClusterCoordinator runs a closure again when its worker is lost after it ran."""
+    from tfdist.parameter_server.runner import coordinator_for
+
+    ps = _ps_helpers()
+    k = _keras()
+    cluster = coordinator_for(strategy)._cluster
+    schedule, calls = cluster.schedule, []
+
+    def schedule_again(function, args, kwargs):
+        calls.append(function)
+        remote = schedule(function, args, kwargs)
+        if len(calls) == 2:  # the same function, the same arguments: a retry
+            schedule(function, args, kwargs)
+        return remote
+
+    with strategy.scope():
+        model = k.Sequential([k.Input((4,)), k.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse", steps_per_execution=RERUN_K)
+    cluster.schedule = schedule_again
+    try:
+        model.fit(
+            k.utils.experimental.DatasetCreator(ps._regression_dataset_fn),
+            epochs=RERUN_EPOCHS,
+            steps_per_epoch=RERUN_STEPS,
+            verbose=0,
+        )
+    finally:
+        del cluster.schedule
+    return {"iterations": int(model.optimizer.iterations.numpy()), "calls": len(calls)}
+
+
+def _each_step_applied_once(result) -> Optional[str]:
+    expected = RERUN_EPOCHS * RERUN_STEPS
+    if result["calls"] != RERUN_EPOCHS * 3:
+        return f"{result['calls']} calls of the train function, not {RERUN_EPOCHS * 3}"
+    if result["iterations"] != expected:
+        return f"optimizer.iterations {result['iterations']} after {expected} steps"
+    return None
+
 
 def _sharded_model(strategy):
     ps = _ps_helpers()
@@ -814,6 +858,14 @@ _PROOFS = [
         "callback on the chief reads every step, with the same weights and logs (upstream: 1)",
         scenarios.chosen_steps_per_execution,
         _one(_steps_per_execution_chosen),
+    ),
+    Proof(
+        "tf_keras_parameter_server_step_applied_once",
+        PARAMETER_SERVER,
+        "tf_keras fit of 2 x 5 steps, 2 per call, one call run again as after a lost worker: "
+        "optimizer.iterations 10 (upstream: 12, that call's steps applied twice)",
+        ps_rerun_call,
+        _one(_each_step_applied_once),
     ),
     Proof(
         "multi_worker_checkpoint_callbacks",

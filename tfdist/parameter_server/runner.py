@@ -28,7 +28,7 @@ from tfdist.errors import TaskUnavailableError
 from tfdist.parameter_server.checks import check_strategy
 from tfdist.parameter_server.watchdog import WATCHDOG_SECONDS, lost_ps_error, unreachable
 
-__all__ = ["coordinator_for", "plan_groups", "runner_for"]
+__all__ = ["InFlight", "coordinator_for", "plan_groups", "runner_for"]
 
 log = logging.getLogger("tfdist")
 
@@ -156,8 +156,9 @@ class _Runner:
     or miss one.
     """
 
-    def __init__(self, model, strategy, coordinator):
+    def __init__(self, model, strategy, coordinator, train_step: Optional[Callable] = None):
         self.model, self.strategy, self.coordinator = model, strategy, coordinator
+        self.train_step = train_step or model.train_step  # one step on one replica's batch
         self.window = min(
             IN_FLIGHT_PER_WORKER * max(1, strategy.extended._num_workers), PROGRESS_SLOTS - 1
         )
@@ -271,6 +272,32 @@ class _Runner:
             else:
                 return self.coordinator._cluster.schedule(group, args=(iterator, meta), kwargs=None)
         return self.coordinator.schedule(self.function(mode, logs), args=(iterator, meta))
+
+    # ------------------------------------------------------------------ one group at a time
+
+    def schedule_one(self, mode: str, iterator, size: int, flight: "InFlight"):
+        """Schedules one group of `size` steps that returns its last logs; returns its
+        RemoteValue. For a caller that schedules groups one by one and joins on its own
+        (tf_keras' fit): `flight` (the caller's, one per fit) holds its groups in flight, and
+        a slot is taken again only once its previous group has run."""
+        import tensorflow as tf
+
+        bases = self._slot_bases()
+        while len(flight.groups) >= PROGRESS_SLOTS - 1:
+            self._value(flight.groups.popleft(), fetch=False)  # waits (and raises its error)
+        slot = self._next_slot
+        self._next_slot = (slot + 1) % PROGRESS_SLOTS
+        meta = tf.constant([slot, bases[slot], size], tf.int64)
+        bases[slot] += size
+        if flight.iterator is not iterator:  # traced anew for each iterator
+            flight.iterator, flight.traced = iterator, {}
+        remote = self._schedule(mode, True, size, iterator, meta, flight.traced)
+        flight.groups.append(remote)
+        return remote
+
+    def forget_slots(self) -> None:
+        """The slots' values are read from the ps before the next group (after a failure)."""
+        self._bases = None
 
     # ------------------------------------------------------------------------ the loop
 
@@ -399,6 +426,18 @@ class _Runner:
         return last
 
 
+class InFlight:
+    """The groups one caller of `_Runner.schedule_one` has in flight, oldest first, and the
+    functions traced for its iterator."""
+
+    __slots__ = ("groups", "iterator", "traced")
+
+    def __init__(self):
+        self.groups: collections.deque = collections.deque()
+        self.iterator = None
+        self.traced: dict = {}
+
+
 class _GroupSteps:
     """The steps a runner's group functions are made of, for one mode ("train" or "test").
 
@@ -411,7 +450,7 @@ class _GroupSteps:
 
     def __init__(self, runner: _Runner, mode: str):
         self.strategy, self.model, self.mode = runner.strategy, runner.model, mode
-        self.step = self.model.train_step if mode == "train" else self.model.test_step
+        self.step = runner.train_step if mode == "train" else self.model.test_step
         self.progress = runner._progress_variable()
         self.count_step = runner._count_step
         self.specs = runner._specs  # the structure of each mode's logs, once traced
