@@ -143,6 +143,21 @@ def metric_totals(strategy):
     }
 
 
+def empty_replica_loss(strategy):
+    """evaluate and fit of 42 examples in batches of 8 on 4 replicas: the last batch gives 2 of
+    them none; the logged loss and mae, and one device's with the same weights."""
+    tf = _tf()
+    x, y = scenarios.regression_data(42)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    result = {}
+    for name, s in (("strategy", strategy), ("one_device", _one_device())):
+        model = scenarios.mlp(s, optimizer=lambda: _keras().optimizers.SGD(0.0))
+        logs = model.evaluate(data, verbose=0, return_dict=True)
+        history = model.fit(data, epochs=1, verbose=0).history
+        result[name] = dict(logs, fit_loss=history["loss"][-1])
+    return result
+
+
 def _metrics_equal_one_device(result) -> Optional[str]:
     strategy, one = result["strategy"], result["one_device"]
     wrong = {k: (strategy[k], one[k]) for k in one if not _close(strategy[k], one[k])}
@@ -732,6 +747,14 @@ _PROOFS = [
         "evaluate's loss and mae on 4 replicas equal one device's (upstream: one replica's "
         "share, or the totals summed again)",
         metric_totals,
+        _one(_metrics_equal_one_device),
+    ),
+    Proof(
+        "empty_replica_batch_loss_is_zero",
+        MIRRORED,
+        "evaluate and fit of 42 examples in batches of 8 on 4 replicas log one device's loss "
+        "(upstream: nan, the 2 replicas without an example of the last batch divide 0 by 0)",
+        empty_replica_loss,
         _one(_metrics_equal_one_device),
     ),
     Proof(

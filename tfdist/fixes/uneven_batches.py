@@ -146,4 +146,57 @@ _SHARE = threading.local()  # this replica's num_replicas * n_r / N while its tr
 _EXACT_LOGS: dict = {}  # "model": the model whose step logs the traced step reads exactly
 
 
-FIXES = (UNEVEN_BATCHES,)
+EMPTY_REPLICA_LOSS = Fix(
+    name="empty_replica_batch_loss_is_zero",
+    summary=(
+        "A loss's mean over a replica's batch divides by its number of examples, so a replica "
+        "that gets none of a small last batch has the loss 0 / 0 = NaN, and the logged loss, "
+        "a total over every replica, is NaN from then on."
+    ),
+    upstream="tensorflow/tensorflow#41657",
+    strategies=("mirrored", "multi_worker_mirrored"),
+    consequence=(
+        "fit and evaluate log loss: nan for an epoch whose last batch has fewer examples "
+        "than there are replicas (the weights still train; no error)."
+    ),
+    fixed_in="3.7",
+)
+
+
+@EMPTY_REPLICA_LOSS.variant(
+    "3.3",
+    targets=[
+        Target("keras.src.losses.loss:reduce_values", ("values", "reduction")),
+        Target(
+            "keras.src.losses.loss:reduce_weighted_values",
+            ("values", "sample_weight", "mask", "reduction"),
+        ),
+    ],
+)
+def _fix_empty_replica_loss():
+    # tensorflow/tensorflow#41657 (tf.keras), the same in Keras 3 before 3.7: reduce_values
+    # (keras/src/losses/loss.py), which Loss.__call__ reaches through reduce_weighted_values,
+    # divides the sum of a batch's losses by its size with `/=`. A replica whose share of a
+    # batch is empty (2 examples on 4 replicas) gets 0 / 0 = NaN; train_step and test_step add
+    # it to the loss metric weighted by that replica's 0 examples, and NaN * 0 is NaN, so the
+    # epoch's logged loss is NaN. The gradient stays 0 (an empty sum). Keras 3.7 divides with
+    # divide_no_nan; so does the fix, for the same reduction only: 0 examples give 0.
+    from keras.src import ops
+    from keras.src.losses import loss as loss_module
+
+    original = loss_module.reduce_values
+
+    def reduce_values(values, reduction="sum_over_batch_size"):
+        if (
+            reduction != "sum_over_batch_size"
+            or tuple(values.shape) == ()
+            or tuple(values.shape) == (0,)
+        ):
+            return original(values, reduction)
+        size = ops.prod(ops.convert_to_tensor(ops.shape(values), dtype="int32"))
+        return ops.divide_no_nan(ops.sum(values), ops.cast(size, values.dtype))
+
+    loss_module.reduce_values = reduce_values
+
+
+FIXES = (UNEVEN_BATCHES, EMPTY_REPLICA_LOSS)
