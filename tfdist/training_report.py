@@ -6,9 +6,11 @@ The launcher gives each task a file path in TFDIST_REPORT_FILE. In such a task,
 `make_strategy` calls `install()`, which wraps Keras' `CallbackList.on_train_begin` /
 `on_train_end` (of the Keras the process uses, Keras 3 or tf_keras): every `fit` in the
 process, Keras' own or tfdist's parameter-server loop, adds the growth of its optimizer's
-`iterations` and its wall time to the file, rewritten whole after each fit. The launcher reads
-it when the task has ended. Nothing is installed without TFDIST_REPORT_FILE, and a report that
-cannot be read or written costs nothing but the steps/s of the summary.
+`iterations` and its wall time to the file, rewritten whole after each fit. A task that would
+fail the same way if it ran again (a backup that does not match the model) says so in the file
+too (`refuse_restart`), and the launcher does not restart the job. The launcher reads the file
+when the task has ended. Nothing is written without TFDIST_REPORT_FILE, and a report that
+cannot be read or written costs nothing but the steps/s of the summary (and a restart).
 """
 
 from __future__ import annotations
@@ -49,15 +51,28 @@ def _write(path: str) -> None:
 
 
 def read(path: str) -> Optional[dict]:
-    """The report at `path`: {"steps", "seconds", "fits"}, or None (none written, unreadable)."""
+    """The report at `path`: {"steps", "seconds", "fits"}, with "not_restartable" (why) where
+    the task refused a restart; or None (none written, unreadable)."""
     try:
         with open(path) as f:
             report = json.load(f)
     except (OSError, ValueError):
         return None
-    if not isinstance(report, dict) or not report.get("fits"):
+    if not isinstance(report, dict) or not (report.get("fits") or report.get("not_restartable")):
         return None
     return report
+
+
+def refuse_restart(reason: str) -> None:
+    """Tells the launcher that this task would fail the same way if the job ran again (`reason`,
+    the error it raises): the launcher does not restart the job. Does nothing outside the
+    launcher (no TFDIST_REPORT_FILE)."""
+    path = settings.REPORT_FILE.get()
+    if not path:
+        return
+    with _LOCK:
+        _TOTALS["not_restartable"] = reason
+    _write(path)
 
 
 def install() -> bool:

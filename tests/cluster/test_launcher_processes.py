@@ -133,6 +133,32 @@ def test_restarts_run_the_whole_job_again_on_fresh_ports(tmp_path):
     assert launch(script, workers=2, max_restarts=0, out=io.StringIO())["worker:1"] == -9
 
 
+def test_a_task_that_would_fail_the_same_way_again_is_not_restarted(tmp_path):
+    script = _script(
+        tmp_path,
+        f"""
+        import os, sys
+        from tfdist import training_report
+        with open(os.path.join({str(tmp_path)!r}, "runs.txt"), "a") as f:
+            f.write(os.environ["TFDIST_TASK"] + "\\n")
+        if os.environ["TFDIST_TASK"] == "worker:1":
+            print("ValueError: The backup ... does not fit this model")
+            training_report.refuse_restart("the backup in /shared/backup was refused")
+            sys.exit(1)
+    """,
+    )
+    out = io.StringIO()
+    codes = launch(script, workers=2, max_restarts=3, out=out)
+    assert codes["worker:1"] == 1
+    assert sorted((tmp_path / "runs.txt").read_text().split()) == ["worker:0", "worker:1"]
+    text = out.getvalue()
+    assert "Restarting" not in text, text
+    assert (
+        "The job is not restarted: worker:1 would fail the same way again (the backup in "
+        "/shared/backup was refused)" in text
+    ), text
+
+
 def test_sigterm_to_the_launcher_leaves_no_orphans(tmp_path):
     script = _script(
         tmp_path,

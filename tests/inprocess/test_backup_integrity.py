@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import tfdist
+from tfdist import training_report
 from tfdist.preemption.backup import STATE_FILE, BackupStore
 
 X = np.arange(32 * 4, dtype="float32").reshape(32, 4) / 128  # 4 steps an epoch of 8
@@ -89,14 +90,20 @@ def _checkpoint_path(backup, state):
 
 @pytest.mark.parametrize("written, restored", [(1, 2), (2, 1)], ids=["one-more", "one-fewer"])
 def test_a_backup_of_a_model_with_one_more_or_one_fewer_layer_is_refused(
-    tmp_path, virtual_cpus, written, restored
+    tmp_path, virtual_cpus, written, restored, monkeypatch
 ):
     strategy = tfdist.make_strategy("mirrored")
     backup = str(tmp_path / "backup")
     _fit(_model(written, strategy), backup, epochs=1, save_freq=3)
     newest = _checkpoint_path(backup, _state(backup))
+    report = tmp_path / "report.json"  # as under tfdist launch: the refusal reaches it
+    monkeypatch.setenv("TFDIST_REPORT_FILE", str(report))
+    monkeypatch.setattr(training_report, "_TOTALS", dict(training_report._TOTALS))
     with pytest.raises(ValueError) as caught:
         _fit(_model(restored, strategy), backup, epochs=1)
+    assert training_report.read(str(report))["not_restartable"] == (
+        f"the backup in {backup} was refused"
+    )
     message = str(caught.value)
     assert "does not fit this model" in message and "HINT" in message, message
     assert newest in message, message

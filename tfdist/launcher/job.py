@@ -293,6 +293,7 @@ class _Task:
             report.get("steps"),
             report.get("seconds"),
             self.plan.serves,
+            report.get("not_restartable"),
         )
 
 

@@ -63,6 +63,7 @@ class TaskResult:
     steps: Optional[int] = None  # training steps of every fit in the task (optimizer steps)
     train_seconds: Optional[float] = None  # wall time of those fits
     serves: bool = False  # only ran a server (a worker or ps of a parameter-server job)
+    not_restartable: Optional[str] = None  # why running it again would fail the same way
 
     @property
     def steps_per_second(self) -> Optional[float]:

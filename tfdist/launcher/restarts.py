@@ -476,6 +476,14 @@ class _Attempts:
         if result.reason != "failed":
             return False
         message = failure_message(result, self.timeout, self.grace)
+        refused = [t for t in result.tasks.values() if t.not_restartable]
+        if refused:
+            reason = refused[0].not_restartable.splitlines()[0]
+            self.note = (
+                f"The job is not restarted: {refused[0].task} would fail the same way again "
+                f"({reason})"
+            )
+            return False
         if self.slots:
             return self._after_slot_failure(result, message)
         if self.restarts < self.max_restarts:

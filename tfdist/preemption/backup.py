@@ -42,7 +42,7 @@ import shutil
 import warnings
 from typing import List, Optional
 
-from tfdist import flavour
+from tfdist import flavour, training_report
 from tfdist import scratch as scratch_files
 from tfdist.errors import is_count
 
@@ -337,6 +337,16 @@ class BackupStore:
         return states[0] if states else None
 
     # -------------------------------------------------------------------------- restore
+
+    @contextlib.contextmanager
+    def refusing_restart(self):
+        """Around a restore: a backup refused (ValueError) is refused the same way by every
+        run of the job, so the launcher is told not to restart it (`tfdist.training_report`)."""
+        try:
+            yield
+        except ValueError:
+            training_report.refuse_restart(f"the backup in {self.directory} was refused")
+            raise
 
     def restore(self, checkpoint, states: List[dict]) -> dict:
         """Reads the newest backup of `states` that can be read into `checkpoint` (a

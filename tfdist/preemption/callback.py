@@ -271,7 +271,10 @@ class BackupAndRestore:
     def _restore(self, model, strategy) -> None:
         """Restores the newest backup that can be read, if any, and sets where fit resumes.
         Refuses (ValueError) a backup that names no step of this fit or is another model's."""
-        states = self._store.states(epochs=_epochs(self))
+        with self._store.refusing_restart():
+            self._restore_from(model, strategy, self._store.states(epochs=_epochs(self)))
+
+    def _restore_from(self, model, strategy, states) -> None:
         if not states:
             if self._is_chief:
                 self._store.warn_unlisted()

@@ -211,13 +211,14 @@ class ParameterServerBackup:
         """Restores the newest backup that can be read, if any; refuses (ValueError) one that
         names no step of this fit or is another model's (tfdist.preemption.backup)."""
         epochs = (getattr(self.callback, "params", None) or {}).get("epochs")
-        states = self._store.states(epochs=epochs if isinstance(epochs, int) else None)
-        if not states:
-            self._store.warn_unlisted()
-            return
-        # tf_keras' optimizer makes its slots at the first step; Keras 3's is built by now
-        create_optimizer_variables(self.model, self._strategy)
-        state = self._store.restore(self._checkpoint, states)
+        with self._store.refusing_restart():
+            states = self._store.states(epochs=epochs if isinstance(epochs, int) else None)
+            if not states:
+                self._store.warn_unlisted()
+                return
+            # tf_keras' optimizer makes its slots at the first step; Keras 3's is built by now
+            create_optimizer_variables(self.model, self._strategy)
+            state = self._store.restore(self._checkpoint, states)
         epoch, step = state["epoch"], state["step"]
         self._initial_step = step
         start = Resume(epoch, step) if self._legacy else epoch
