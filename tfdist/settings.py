@@ -325,6 +325,24 @@ TASK = Setting(
     "the launcher and `run_cluster`",
     "set by the launcher",
 )
+STALL_TIMEOUT = Setting(
+    "TFDIST_STALL_TIMEOUT",
+    _seconds,
+    300,
+    "seconds without a training step after which `tfdist launch` names the tasks that are "
+    "behind and prints every task's Python stacks (all threads), once per stall, without "
+    "stopping the job; `0` turns it off; `tfdist launch --stall-timeout` sets it",
+    "`tfdist launch`, `tfdist.launch`",
+)
+STATUS_EVERY = Setting(
+    "TFDIST_STATUS_EVERY",
+    _seconds,
+    30,
+    "seconds between two progress lines of `tfdist launch` (each training task's step, "
+    "steps/s, the slowest task) when its output is not a terminal; on a terminal one status "
+    "line is updated in place; `0` turns both off",
+    "`tfdist launch`, `tfdist.launch`",
+)
 TASK_TMPDIR = Setting(
     "TFDIST_TASK_TMPDIR",
     _text_or_none,
@@ -422,6 +440,8 @@ SETTINGS = (
     PROGRESS,
     REPORT_FILE,
     TASK,
+    STALL_TIMEOUT,
+    STATUS_EVERY,
     TASK_TMPDIR,
     POOL_KEY,
     NETWORK_NAMESPACE,

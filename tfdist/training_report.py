@@ -1,4 +1,5 @@
-"""What a task of a `tfdist launch` job trained, for the launcher's summary line.
+"""What a task of a `tfdist launch` job trains, for the launcher's progress line, its stall
+detection and its summary line.
 
 A leaf below the strategy (which installs it) and the launcher (which reads it).
 
@@ -9,19 +10,34 @@ process, Keras' own or tfdist's parameter-server loop, adds the growth of its op
 `iterations` and its wall time to the file, rewritten whole after each fit. A task that would
 fail the same way if it ran again (a backup that does not match the model) says so in the file
 too (`refuse_restart`), and the launcher does not restart the job. The launcher reads the file
-when the task has ended. Nothing is written without TFDIST_REPORT_FILE, and a report that
-cannot be read or written costs nothing but the steps/s of the summary (and a restart).
+when the task has ended.
+
+While the task runs, a thread of its own (`_Reporter`) writes its progress into the same file
+every `PROGRESS_SECONDS`: the optimizer step of the fit in progress (read from
+`optimizer.iterations`, so no batch callback slows the fit), the steps that fit will train and
+the time (`read_progress`). The same thread writes every thread's Python stack to the task's
+output when the launcher asks for it (`request_stacks`, a file beside the report): a stuck main
+thread, inside TensorFlow or not, cannot prevent that.
+
+Nothing is written without TFDIST_REPORT_FILE, and a report that cannot be read or written costs
+nothing but the progress, the steps/s of the summary and the stacks (and a restart).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import sys
 import threading
 import time
+import weakref
 from typing import Optional
 
 from tfdist import settings
+
+PROGRESS_SECONDS = 1.0  # between two progress reports of a task
+STACKS_SUFFIX = ".stacks"  # beside the report: the launcher asks for the task's stacks
 
 _LOCK = threading.Lock()
 _TOTALS = {"steps": 0, "seconds": 0.0, "fits": 0}
@@ -29,7 +45,12 @@ _INSTALLED = False
 
 
 def _iterations(callbacks) -> Optional[int]:
-    optimizer = getattr(getattr(callbacks, "model", None), "optimizer", None)
+    return _step(getattr(callbacks, "model", None))
+
+
+def _step(model) -> Optional[int]:
+    """The model's optimizer step, or None."""
+    optimizer = getattr(model, "optimizer", None)
     iterations = getattr(optimizer, "iterations", None)
     if iterations is None:
         return None
@@ -63,6 +84,96 @@ def read(path: str) -> Optional[dict]:
     return report
 
 
+def read_progress(path: str) -> Optional[dict]:
+    """The task's latest progress at `path`: {"step", "total", "fitting", "time"} (time.time()
+    of the report), or None (none written yet, unreadable)."""
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except (OSError, ValueError):
+        return None
+    progress = report.get("progress") if isinstance(report, dict) else None
+    return progress if isinstance(progress, dict) else None
+
+
+def request_stacks(path: str) -> None:
+    """Asks the task whose report is `path` to write every thread's stack to its output (within
+    about PROGRESS_SECONDS)."""
+    try:
+        with open(path + STACKS_SUFFIX, "w"):
+            pass
+    except OSError:
+        pass
+
+
+class _Reporter(threading.Thread):
+    """The task's progress, written every PROGRESS_SECONDS, and its stacks when asked."""
+
+    def __init__(self, path: str):
+        super().__init__(name="tfdist-progress", daemon=True)
+        self.path = path
+        self.fit = None  # (weak reference to the CallbackList's model, total steps or None)
+        self.step: Optional[int] = None
+
+    def begin(self, callbacks) -> None:
+        params = getattr(callbacks, "params", None) or {}
+        epochs, steps = params.get("epochs"), params.get("steps")
+        total = epochs * steps if isinstance(epochs, int) and isinstance(steps, int) else None
+        model = getattr(callbacks, "model", None)
+        self.fit = (weakref.ref(model) if model is not None else _none, total)
+
+    def end(self) -> None:
+        self.fit = None
+        self.report()
+
+    def report(self) -> None:
+        fit = self.fit
+        if fit is not None:
+            step = _step(fit[0]())
+            if step is not None:
+                self.step = step
+        with _LOCK:
+            _TOTALS["progress"] = {
+                "step": self.step,
+                "total": fit[1] if fit is not None else None,
+                "fitting": fit is not None,
+                "time": time.time(),
+            }
+        _write(self.path)
+
+    def stacks(self) -> None:
+        asked = self.path + STACKS_SUFFIX
+        if not os.path.exists(asked):
+            return
+        try:
+            os.remove(asked)
+        except OSError:
+            return
+        sys.stdout.flush()
+        sys.stderr.write(
+            "tfdist: the stack of every thread of this task (asked by the launcher):\n"
+        )
+        sys.stderr.flush()
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+
+    def run(self) -> None:
+        while True:
+            time.sleep(PROGRESS_SECONDS)
+            try:
+                self.stacks()
+                self.report()
+            except Exception:  # pylint: disable=broad-except
+                pass  # progress is best effort: training goes on without it
+
+
+def _none():
+    return None
+
+
+_REPORTER: Optional[_Reporter] = None
+
+
 def refuse_restart(reason: str) -> None:
     """Tells the launcher that this task would fail the same way if the job ran again (`reason`,
     the error it raises): the launcher does not restart the job. Does nothing outside the
@@ -80,7 +191,7 @@ def install() -> bool:
 
     Returns True when the counting is (already) installed.
     """
-    global _INSTALLED
+    global _INSTALLED, _REPORTER
     path = settings.REPORT_FILE.get()
     if not path:
         return False
@@ -88,6 +199,8 @@ def install() -> bool:
         if _INSTALLED:
             return True
         _INSTALLED = True
+    _REPORTER = reporter = _Reporter(path)
+    reporter.start()
     from tfdist import flavour
 
     callback_list = flavour.keras().callbacks.CallbackList
@@ -99,6 +212,7 @@ def install() -> bool:
         # counted after the callbacks' own on_train_begin: BackupAndRestore may restore a
         # later optimizer step there, and the steps before it were not trained by this fit
         self._tfdist_report_start = (_iterations(self), started)
+        reporter.begin(self)
         return result
 
     def on_train_end(self, logs=None):
@@ -113,6 +227,7 @@ def install() -> bool:
                 if first is not None and last is not None:
                     _TOTALS["steps"] += max(last - first, 0)
             _write(path)
+            reporter.end()
         return result
 
     callback_list.on_train_begin = on_train_begin

@@ -83,6 +83,8 @@ CASES = {
     ),
     settings.REPORT_FILE: ([("/tmp/worker-0.json", "/tmp/worker-0.json"), ("", None)], []),
     settings.TASK: ([("worker:1", "worker:1")], []),
+    settings.STALL_TIMEOUT: ([("60", 60.0), ("0", 0.0), ("2.5", 2.5)], ["-1", "soon"]),
+    settings.STATUS_EVERY: ([("10", 10.0), ("0", 0.0)], ["-5", "often"]),
     settings.TASK_TMPDIR: ([("/tmp/tfdist-task-x1", "/tmp/tfdist-task-x1"), ("", None)], []),
     settings.POOL_KEY: ([("00ff", "00ff")], []),
     settings.NETWORK_NAMESPACE: (

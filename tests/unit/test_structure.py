@@ -146,7 +146,7 @@ def _rooms(*names: str) -> frozenset:
     return frozenset(f"tfdist.{name}" for name in names)
 
 
-BASE = _rooms("errors", "flavour", "gpus", "netns", "releases", "settings", "signals")
+BASE = _rooms("errors", "flavour", "gpus", "netns", "releases", "scratch", "settings", "signals")
 CLUSTER = BASE | _rooms("cluster", "task")
 STRATEGY = CLUSTER | _rooms("fixes", "strategy", "training_report")
 DATA = STRATEGY | _rooms("data", "learning_rate", "precision")
@@ -157,11 +157,13 @@ WAYS_IN = LAUNCHER | _rooms("horovod", "keras_distribution")
 
 LAYERS = {
     # The base, which every room above may import: the environment variables (settings), the
-    # releases and the Keras in use, errors, signals, network namespaces, the host's GPUs.
+    # releases and the Keras in use, errors, signals, network namespaces, the host's GPUs, a
+    # task's scratch directory.
     "tfdist.errors": _rooms(),
     "tfdist.gpus": _rooms("settings"),
     "tfdist.netns": _rooms(),
     "tfdist.releases": _rooms(),
+    "tfdist.scratch": _rooms("settings"),
     "tfdist.settings": _rooms(),
     "tfdist.signals": _rooms(),
     "tfdist.flavour": _rooms("releases", "settings"),

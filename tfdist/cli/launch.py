@@ -28,6 +28,18 @@ def _grace(text: str) -> float:
     )
 
 
+def _stall_timeout(text: str) -> float:
+    """A finite number of seconds >= 0 (`--stall-timeout`; 0: off)."""
+    try:
+        return settings.STALL_TIMEOUT.parse(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--stall-timeout must be a number of seconds >= 0, not {text!r}. HINT: e.g. "
+            "--stall-timeout 120 names the tasks that made no training step for 2 minutes; "
+            "0 turns that off."
+        ) from None
+
+
 def _workers(text: str):
     """`--workers N` (an int; N < 1 is refused later, with --ps), `MIN:MAX` (a pair), or
     `gpu` (one worker per GPU, or per --gpus-per-worker GPUs)."""
@@ -154,6 +166,15 @@ def _add_launch_parser(sub) -> None:
         metavar="SECONDS",
         help="seconds the tasks get to save and exit after a SIGTERM (or after a peer was "
         "preempted) before SIGKILL (default 30)",
+    )
+    lau.add_argument(
+        "--stall-timeout",
+        "--stall_timeout",
+        type=_stall_timeout,
+        default=None,
+        metavar="SECONDS",
+        help="after SECONDS without a training step, name the tasks behind and print every "
+        "task's Python stacks; the job goes on (default 300, TFDIST_STALL_TIMEOUT; 0: off)",
     )
     lau.add_argument(
         "--log-dir", "--log_dir", help="also write each task's output to LOG_DIR/<task>.log"
@@ -288,6 +309,8 @@ def launch_command(args) -> int:
     if refusal:
         print(f"tfdist launch: error: {refusal}", file=sys.stderr)
         return 2
+    if args.stall_timeout is not None:  # read by this process, the launcher
+        os.environ[settings.STALL_TIMEOUT.name] = repr(args.stall_timeout)
     script_args = list(args.args)
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]

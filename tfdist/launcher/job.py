@@ -57,6 +57,7 @@ from tfdist.launcher.outcome import (
     TaskResult,
     classify,
 )
+from tfdist.launcher.progress import Console, Monitor
 from tfdist.preemption import PREEMPTED_EXIT_CODE
 
 __all__ = ["TaskPlan", "plan_job", "run_job"]
@@ -172,8 +173,7 @@ class _Task:
     def __init__(
         self,
         plan: TaskPlan,
-        out: TextIO,
-        lock: threading.Lock,
+        console: Console,
         log_dir: Optional[str],
         quiet: bool,
         report_dir: str,
@@ -229,11 +229,11 @@ class _Task:
             if self.lifeline is not None:
                 os.close(read)
         self.reader = threading.Thread(
-            target=self._read, args=(out, lock, quiet, verbose), daemon=True
+            target=self._read, args=(console, quiet, verbose), daemon=True
         )
         self.reader.start()
 
-    def _read(self, out: TextIO, lock: threading.Lock, quiet: bool, verbose: bool) -> None:
+    def _read(self, console: Console, quiet: bool, verbose: bool) -> None:
         noise = NoiseFilter()
         for line in self.proc.stdout:
             line = line.rstrip("\n")
@@ -247,9 +247,8 @@ class _Task:
                 self.log.write(line + "\n")
                 self.log.flush()
             if not quiet and (not noise.is_noise(line) or verbose):
-                with lock:  # whole lines only: never interleave two tasks' partial lines
-                    out.write(f"[{self.plan.task}] {line}\n")
-                    out.flush()
+                # whole lines only: never interleave two tasks' partial lines
+                console.line(f"[{self.plan.task}] {line}")
 
     def signal(self, sig: int) -> None:
         # The whole process group, even when the task itself has exited: what it started
@@ -410,6 +409,9 @@ def run_job(
         preload: bool. Fork the Python tasks from a process that has imported TensorFlow
             (`tfdist.launcher.preload`) instead of starting each afresh. Defaults to False.
 
+    While the tasks train, their progress is shown and a stall is named
+    (`tfdist.launcher.progress`: TFDIST_STATUS_EVERY, TFDIST_STALL_TIMEOUT), unless `quiet`.
+
     Returns:
         JobResult. Raises nothing for failed tasks: see `launch`.
 
@@ -420,8 +422,9 @@ def run_job(
     timeout = check_timeout(timeout)
     grace = check_grace(grace)
     verbose = settings.VERBOSE.get() if verbose is None else bool(verbose)
+    stall_timeout, every = settings.STALL_TIMEOUT.get(), settings.STATUS_EVERY.get()
     out = out or sys.stdout
-    lock = threading.Lock()
+    console = Console(out, threading.Lock(), live=bool(every) and _is_terminal(out))
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
     namespace = _job_namespace(out, quiet)  # closed below, with the tasks
@@ -432,11 +435,13 @@ def run_job(
     try:
         for plan in plans:
             tasks.append(
-                _Task(
-                    plan, out, lock, log_dir, quiet, report_dir, verbose, namespace, preload, grace
-                )
+                _Task(plan, console, log_dir, quiet, report_dir, verbose, namespace, preload, grace)
             )
-        reason = watch.wait(tasks)
+        monitor = (
+            None if quiet else Monitor(tasks, console, stall_timeout, every, now=time.monotonic())
+        )
+        reason = watch.wait(tasks, monitor)
+        console.clear()
         _stop(tasks, grace)
     finally:
         for task in tasks:  # whatever happened above, no child outlives the launcher
@@ -457,6 +462,14 @@ def run_job(
         isolated=namespace is not None,
         launcher_signal=watch.interrupted[0] if watch.interrupted else None,
     )
+
+
+def _is_terminal(out: TextIO) -> bool:
+    """Whether `out` is a terminal that takes a status line updated in place."""
+    try:
+        return bool(out.isatty()) and os.environ.get("TERM", "") != "dumb"
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 class _Watch:
@@ -483,8 +496,9 @@ class _Watch:
     def _on_signal(self, signum, frame) -> None:
         self.interrupted.append(signum)
 
-    def wait(self, tasks: List[_Task]) -> str:
-        """Looks at the tasks every 50 ms until the job must end; returns why."""
+    def wait(self, tasks: List[_Task], monitor: Optional[Monitor] = None) -> str:
+        """Looks at the tasks every 50 ms until the job must end (and lets `monitor` read
+        their progress); returns why."""
         scripts = [t for t in tasks if not t.plan.serves]
         while True:
             time.sleep(0.05)
@@ -492,6 +506,8 @@ class _Watch:
             for task in tasks:
                 if task.ended is None and task.proc.poll() is not None:
                     task.ended = now
+            if monitor is not None:
+                monitor.poll(now)
             reason = self._reason(tasks, scripts, now)
             if reason is not None:
                 return reason

@@ -1,0 +1,64 @@
+"""The launcher's progress lines and stall detection on a real 2-worker job (slow): a worker held
+up in a callback makes the job stall; the launcher names it, prints every task's stacks and lets
+the job finish."""
+
+import io
+import textwrap
+
+import pytest
+
+from tfdist.launcher import launch
+
+pytestmark = pytest.mark.slow
+
+HELD_AT, HELD_FOR, STALL = 12, 12, 4  # worker 1 sleeps 12 s after step 12; a stall after 4 s
+
+
+def test_a_held_up_worker_is_named_with_every_tasks_stacks_and_the_job_goes_on(
+    tmp_path, monkeypatch
+):
+    script = tmp_path / "held.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import os, time
+        import numpy as np
+        import tfdist
+        strategy = tfdist.make_strategy()
+        keras = tfdist.flavour.keras()
+        worker = tfdist.detect_cluster().task_index
+
+        class HoldUp(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if worker == 1 and batch == {HELD_AT}:
+                    hold_up_the_job()
+
+        def hold_up_the_job():
+            time.sleep({HELD_FOR})
+
+        x = np.random.RandomState(0).rand(64 * 30, 4).astype("float32")
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            model.compile("sgd", "mse")
+        model.fit(x, x[:, :1], batch_size=64, epochs=1, verbose=0, callbacks=[HoldUp()])
+        print("trained", int(model.optimizer.iterations.numpy()), flush=True)
+    """)
+    )
+    monkeypatch.setenv("TFDIST_STALL_TIMEOUT", str(STALL))
+    monkeypatch.setenv("TFDIST_STATUS_EVERY", "1")
+    out = io.StringIO()
+    codes = launch(str(script), workers=2, out=out, timeout=240)
+    text = out.getvalue()
+    assert codes == {"worker:0": 0, "worker:1": 0}, text
+    assert "[worker:0] trained 30" in text and "[worker:1] trained 30" in text, text
+    stalls = [line for line in text.splitlines() if line.startswith("[tfdist] Stall:")]
+    assert len(stalls) == 1, text  # once per stall
+    assert f"No task has made a training step for {STALL} s: worker:0 at step" in stalls[0]
+    for task in ("worker:0", "worker:1"):
+        assert f"[{task}] tfdist: the stack of every thread of this task" in text, text
+    # the held-up worker's stack shows where it is held up
+    assert "in hold_up_the_job" in "\n".join(
+        line for line in text.splitlines() if line.startswith("[worker:1]")
+    ), text
+    progress = [line for line in text.splitlines() if line.startswith("[tfdist] step ")]
+    assert progress and all("/30" in line for line in progress), text
+    assert any("steps/s" in line for line in progress), text

@@ -1,0 +1,144 @@
+"""The launcher's progress line and stall detection (tfdist.launcher.progress), read from report
+files written here as a task writes them; no process is started. A real job:
+tests/cluster/test_launcher_progress.py."""
+
+import io
+import json
+import os
+import threading
+import types
+
+import pytest
+
+from tfdist.cli import main
+from tfdist.launcher.progress import Console, Monitor
+from tfdist.training_report import STACKS_SUFFIX, read_progress
+
+
+class _Job:
+    """Fake tasks whose report files the test writes, and the monitor that reads them."""
+
+    def __init__(self, tmp_path, names=("worker:0", "worker:1"), stall=4.0, every=2.0, live=False):
+        self.tasks = {
+            name: types.SimpleNamespace(
+                plan=types.SimpleNamespace(task=name, serves=False),
+                report=str(tmp_path / f"{name.replace(':', '-')}.json"),
+                ended=None,
+            )
+            for name in names
+        }
+        self.out = io.StringIO()
+        self.console = Console(self.out, threading.Lock(), live=live)
+        self.monitor = Monitor(list(self.tasks.values()), self.console, stall, every, now=0.0)
+
+    def report(self, name, step, total=100, fitting=True):
+        with open(self.tasks[name].report, "w") as f:
+            json.dump({"fits": 0, "progress": dict(step=step, total=total, fitting=fitting)}, f)
+
+    def at(self, now, **steps):
+        for name, step in steps.items():
+            self.report(name.replace("_", ":"), step)
+        self.monitor.poll(now)
+
+    def lines(self, start="[tfdist]"):
+        return [line for line in self.out.getvalue().splitlines() if line.startswith(start)]
+
+    def asked_for_stacks(self):
+        return sorted(n for n, t in self.tasks.items() if os.path.exists(t.report + STACKS_SUFFIX))
+
+
+def test_the_progress_line_shows_the_slowest_task_and_the_steps_per_second(tmp_path):
+    job = _Job(tmp_path)
+    job.at(1.0, worker_0=10, worker_1=12)  # one line every 2 s: the first after 2 s
+    job.at(2.0, worker_0=15, worker_1=17)
+    job.at(3.0, worker_0=20, worker_1=22)
+    assert job.lines() == [
+        "[tfdist] step 15/100, 5.0 steps/s, slowest worker:0 (the others at worker:1 17)",
+    ]
+    job.at(4.0, worker_0=30, worker_1=30)
+    assert job.lines()[-1] == "[tfdist] step 30/100, 6.7 steps/s"
+
+
+def test_a_job_whose_steps_stop_is_reported_once_with_every_tasks_stacks_asked(tmp_path):
+    job = _Job(tmp_path, every=0)
+    job.at(1.0, worker_0=7, worker_1=7)
+    job.at(4.5, worker_0=7, worker_1=7)
+    assert job.lines() == [] and job.asked_for_stacks() == []
+    job.at(5.5, worker_0=7, worker_1=7)
+    (stall,) = job.lines()
+    assert stall.startswith(
+        "[tfdist] Stall: No task has made a training step for 4 s: worker:0 at step 7, "
+        "worker:1 at step 7. The job goes on; the Python stacks of every task follow."
+    )
+    assert "HINT" in stall and "--stall-timeout 0" in stall
+    assert job.asked_for_stacks() == ["worker:0", "worker:1"]
+    job.at(30.0, worker_0=7, worker_1=7)
+    assert len(job.lines()) == 1  # once per stall
+    job.at(31.0, worker_0=8, worker_1=8)  # it went on: the next stall is reported again
+    job.at(35.5, worker_0=8, worker_1=8)
+    assert len(job.lines()) == 2 and "at step 8" in job.lines()[-1]
+
+
+def test_a_task_left_behind_is_named_with_the_steps_of_the_others(tmp_path):
+    job = _Job(tmp_path, every=0)
+    job.at(1.0, worker_0=3, worker_1=3)
+    for second in range(2, 6):
+        job.at(float(second), worker_0=3 + second, worker_1=3)
+    (stall,) = job.lines()
+    assert stall.startswith(
+        "[tfdist] Stall: worker:1 at step 3 made no training step for 4 s, while worker:0 at "
+        "step 8."
+    ), stall
+
+
+def test_a_task_between_two_fits_or_before_its_first_is_never_stalled(tmp_path):
+    job = _Job(tmp_path, every=0)
+    job.report("worker:0", None, fitting=False)  # loading its data
+    job.report("worker:1", 40, fitting=False)  # saving, after a fit
+    for second in range(1, 30):
+        job.monitor.poll(float(second))
+    assert job.lines() == []
+    job.report("worker:0", 40)  # a new fit: its clock starts now
+    job.report("worker:1", 40)
+    job.monitor.poll(30.0)
+    job.monitor.poll(33.0)
+    assert job.lines() == []
+    job.monitor.poll(34.0)
+    assert len(job.lines()) == 1
+
+
+def test_off_switches(tmp_path):
+    job = _Job(tmp_path, stall=0, every=0)
+    for second in range(1, 20):
+        job.at(float(second), worker_0=1, worker_1=1)
+    assert job.out.getvalue() == ""
+
+
+def test_on_a_terminal_the_status_line_stays_below_the_tasks_lines(tmp_path):
+    job = _Job(tmp_path, live=True)
+    job.at(1.0, worker_0=10, worker_1=10)
+    job.console.line("[worker:0] epoch 1")
+    job.console.clear()
+    assert job.out.getvalue() == (
+        "\r\x1b[K[tfdist] step 10/100"  # the status line
+        "\r\x1b[K[worker:0] epoch 1\n[tfdist] step 10/100"  # erased, the line, drawn again
+        "\r\x1b[K"  # erased at the end of the job
+    )
+
+
+def test_a_report_that_cannot_be_read_is_no_progress(tmp_path):
+    path = tmp_path / "report.json"
+    assert read_progress(str(path)) is None
+    path.write_text("{not json")
+    assert read_progress(str(path)) is None
+    path.write_text(json.dumps({"fits": 1, "progress": "soon"}))
+    assert read_progress(str(path)) is None
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "inf"])
+def test_a_stall_timeout_that_is_no_number_of_seconds_is_refused(value, capsys):
+    with pytest.raises(SystemExit):
+        main(["launch", "--stall-timeout", value, "--workers", "1", "train.py"])
+    err = capsys.readouterr().err
+    assert f"--stall-timeout must be a number of seconds >= 0, not {value!r}" in err
+    assert "HINT" in err
