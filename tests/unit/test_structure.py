@@ -148,7 +148,7 @@ def _rooms(*names: str) -> frozenset:
 
 BASE = _rooms("errors", "flavour", "gpus", "netns", "releases", "scratch", "settings", "signals")
 CLUSTER = BASE | _rooms("cluster", "task")
-STRATEGY = CLUSTER | _rooms("fixes", "strategy", "training_report")
+STRATEGY = CLUSTER | _rooms("fit_agreement", "fixes", "strategy", "training_report")
 DATA = STRATEGY | _rooms("data", "learning_rate", "precision")
 TRAINING = DATA | _rooms("parameter_server", "training")
 FAULTS = TRAINING | _rooms("preemption")
@@ -173,7 +173,8 @@ LAYERS = {
     # -> strategy, with the fixes it applies and the training report it installs
     "tfdist.fixes": CLUSTER,
     "tfdist.training_report": BASE,
-    "tfdist.strategy": CLUSTER | _rooms("fixes", "training_report"),
+    "tfdist.fit_agreement": CLUSTER,
+    "tfdist.strategy": CLUSTER | _rooms("fit_agreement", "fixes", "training_report"),
     # -> precision policy, data
     "tfdist.precision": STRATEGY,
     "tfdist.data": STRATEGY,

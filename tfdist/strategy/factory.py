@@ -227,7 +227,9 @@ def _build_in_this_process(record: Strategy, *, cluster: ClusterSpec, **argument
        its once-per-process cache.
     5. Under `tfdist launch` (TFDIST_REPORT_FILE), every fit's steps and time are counted for
        the launcher's summary line (`tfdist.training_report.install`); after the build, so
-       that tasks that only serve count nothing.
+       that tasks that only serve count nothing. The workers of a multi_worker_mirrored job
+       check at each fit that they train the same model the same way
+       (`tfdist.fit_agreement.install`).
 
     Before this step make_strategy only reads: TFDIST_STRATEGY, TFDIST_COMMUNICATION and
     TFDIST_GRADIENT_COMPRESSION (`tfdist.settings`), the cluster (`tfdist.detect_cluster`:
@@ -251,4 +253,8 @@ def _build_in_this_process(record: Strategy, *, cluster: ClusterSpec, **argument
     from tfdist import training_report as report
 
     report.install()
+    if record.name == "multi_worker_mirrored" and cluster.num_workers > 1:
+        from tfdist import fit_agreement
+
+        fit_agreement.install()
     return strategy

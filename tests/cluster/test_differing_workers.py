@@ -1,0 +1,57 @@
+"""Workers of a multi_worker_mirrored job that would fit differently are stopped before the first
+step, every one of them with the same message naming the workers and the difference (a real
+3-worker job, slow); then the job trains on. The plans' comparison itself:
+tests/unit/test_fit_agreement.py."""
+
+import io
+import textwrap
+
+import pytest
+
+from tfdist.launcher import launch
+
+pytestmark = pytest.mark.slow
+
+
+def test_workers_with_other_steps_or_epochs_are_told_which_and_the_job_goes_on(tmp_path):
+    script = tmp_path / "differ.py"
+    script.write_text(
+        textwrap.dedent("""
+        import numpy as np
+        import tfdist
+        strategy = tfdist.make_strategy()
+        keras = tfdist.flavour.keras()
+        me = tfdist.detect_cluster().task_index
+        x = np.random.RandomState(0).rand(64 * 6, 4).astype("float32")
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            model.compile("sgd", "mse")
+
+        def fit(rows, epochs):
+            try:
+                model.fit(x[:rows], x[:rows, :1], batch_size=64, epochs=epochs, verbose=0)
+            except ValueError as err:
+                print("refused:", err, flush=True)
+
+        fit(4 * 64 if me == 2 else 6 * 64, 1)  # worker 2 has 4 batches, the others 6
+        fit(6 * 64, 2 if me == 1 else 1)  # worker 1 asks for 2 epochs
+        fit(6 * 64, 1)
+        print("trained", int(model.optimizer.iterations.numpy()), flush=True)
+    """)
+    )
+    out = io.StringIO()
+    codes = launch(str(script), workers=3, out=out, timeout=240)
+    text = out.getvalue()
+    assert codes == {"worker:0": 0, "worker:1": 0, "worker:2": 0}, text
+    for worker in range(3):
+        task = f"worker:{worker}"
+        refused = [line for line in text.splitlines() if line.startswith(f"[{task}] refused:")]
+        assert len(refused) == 2, text
+        assert (
+            "do not train the same thing, so their collectives cannot agree: the fits differ in "
+            "steps per epoch: 6 on worker:0, 4 on worker:2. Seen on " + task + ", before the "
+            "first step of fit number 1." in refused[0]
+        ), refused
+        assert "the fits differ in epochs: 1 on worker:0, 2 on worker:1" in refused[1], refused
+        assert "fit number 2" in refused[1] and "HINT" in refused[1], refused
+        assert f"[{task}] trained 6" in text, text

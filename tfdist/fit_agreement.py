@@ -1,0 +1,164 @@
+"""Before each fit under multi_worker_mirrored, the workers check that they train the same thing.
+
+Workers whose models differ (a layer of another size, a variable more or fewer), or whose fits
+differ in epochs or in steps per epoch (a worker with fewer batches), otherwise fail at their
+first collective that differs, with TensorFlow's text only ("Shape mismatch in the collective
+instance 100 ... [4,32] ... [4,16]", "Collective instance 129 expected type 0 and data_type
+9 ..."), or hang at the end of the shorter epoch. So at the start of every fit (Keras 3's and
+tf_keras', `CallbackList.on_train_begin`, after the callbacks' own: a restored backup counts),
+each worker writes what it is about to train into the coordination service's key-value store
+(`Plan`: the shapes and dtypes of the model's variables, in order, with their names; epochs
+and steps per epoch) and reads every other worker's, within TFDIST_STARTUP_TIMEOUT
+seconds. A difference is a ValueError on every worker that names the workers and the
+difference, before any step; a worker that does not reach its fit in time is named too.
+
+`install()` is called by `make_strategy` for a multi_worker_mirrored job of several workers.
+Holds the count of fits of this process (the key of each fit's plans).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import List, Optional
+
+from tfdist import flavour, settings, task
+
+__all__ = ["Plan", "difference", "install"]
+
+_PREFIX = "tfdist/fit"
+_POLL_MS = 1000
+_LOCK = threading.Lock()
+_STATE = {"installed": False, "fits": 0}
+
+
+class Plan(dict):
+    """What one worker's fit trains: {"variables": [[name, shape, dtype], ...], "epochs",
+    "steps"} (steps per epoch; None when Keras does not know them)."""
+
+    @classmethod
+    def of(cls, callbacks) -> Optional["Plan"]:
+        model = getattr(callbacks, "model", None)
+        if model is None:
+            return None
+        params = getattr(callbacks, "params", None) or {}
+        variables = []
+        for variable in list(getattr(model, "weights", [])):
+            shape = getattr(variable, "shape", None)
+            variables.append(
+                [
+                    str(getattr(variable, "path", None) or getattr(variable, "name", "?")),
+                    None if shape is None else [d if d is None else int(d) for d in shape],
+                    str(getattr(getattr(variable, "dtype", None), "name", variable.dtype)),
+                ]
+            )
+        return cls(variables=variables, epochs=params.get("epochs"), steps=params.get("steps"))
+
+
+def difference(plans: List[dict], names: List[str]) -> Optional[str]:
+    """What differs between the plans of the tasks `names` (in the same order), or None: the
+    first task's against each other's. A pure function."""
+    first, one = plans[0], names[0]
+    for plan, other in zip(plans[1:], names[1:]):
+        ours, theirs = first["variables"], plan["variables"]
+        for index, (a, b) in enumerate(zip(ours, theirs)):
+            if a[1:] != b[1:]:
+                return (
+                    f"the models differ: variable {index} is {a[0]} {a[1]} {a[2]} on {one}, "
+                    f"{b[0]} {b[1]} {b[2]} on {other}"
+                )
+        if len(ours) != len(theirs):
+            (more, most), (fewer, least) = sorted(
+                [(one, ours), (other, theirs)], key=lambda pair: -len(pair[1])
+            )
+            extra = most[len(least)]
+            return (
+                f"the models differ: {more} has {len(most)} variables, {fewer} {len(least)} "
+                f"(the first of the others is {extra[0]} {extra[1]})"
+            )
+        for key, what in (("epochs", "epochs"), ("steps", "steps per epoch")):
+            if first.get(key) != plan.get(key):
+                return (
+                    f"the fits differ in {what}: {first.get(key)} on {one}, {plan.get(key)} "
+                    f"on {other}"
+                )
+    return None
+
+
+_HINT = (
+    "HINT: every worker must build the same model and fit it with the same epochs and the same "
+    "number of batches per epoch: give each worker its shard of one dataset (Keras shards a "
+    "tf.data.Dataset by itself), or the same steps_per_epoch."
+)
+
+
+def _check(callbacks) -> None:
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    here = task.current()
+    cluster = here.cluster
+    if here.strategy != "multi_worker_mirrored" or cluster.num_workers < 2:
+        return
+    names = (["chief:0"] if cluster.has_chief else []) + [
+        f"worker:{i}" for i in range(cluster.num_workers - cluster.has_chief)
+    ]
+    me = cluster.task
+    if me not in names:
+        return  # an evaluator: it trains nothing with the others
+    plan = Plan.of(callbacks)
+    if plan is None:
+        return
+    with _LOCK:
+        _STATE["fits"] += 1
+        fit = _STATE["fits"]
+    ctx = context.context()
+    ctx.set_config_key_value(f"{_PREFIX}/{fit}/{me}", json.dumps(plan))
+    timeout = settings.STARTUP_TIMEOUT.get()
+    plans: List[dict] = []
+    for name in names:
+        if name == me:
+            plans.append(plan)
+            continue
+        waited = 0.0
+        while True:
+            try:
+                plans.append(
+                    json.loads(ctx.get_config_key_value(f"{_PREFIX}/{fit}/{name}", _POLL_MS))
+                )
+                break
+            except tf.errors.DeadlineExceededError:
+                waited += _POLL_MS / 1000
+                if waited >= timeout:
+                    raise RuntimeError(
+                        f"{name} did not start fit number {fit} of this job within "
+                        f"{timeout:g} s of {me} (TFDIST_STARTUP_TIMEOUT). HINT: every worker "
+                        f"must call fit as often as the others; look at the output of {name} "
+                        "for where it is."
+                    ) from None
+    found = difference(plans, names)
+    if found:
+        raise ValueError(
+            "The workers of this multi_worker_mirrored job do not train the same thing, so "
+            f"their collectives cannot agree: {found}. Seen on {me}, before the first step of "
+            f"fit number {fit}. {_HINT}"
+        )
+
+
+def install() -> bool:
+    """Checks the workers' plans at the start of every fit in this process (Keras 3 or
+    tf_keras); returns True once installed."""
+    with _LOCK:
+        if _STATE["installed"]:
+            return True
+        _STATE["installed"] = True
+    callback_list = flavour.keras().callbacks.CallbackList
+    begin = callback_list.on_train_begin
+
+    def on_train_begin(self, logs=None):
+        result = begin(self, logs)
+        _check(self)
+        return result
+
+    callback_list.on_train_begin = on_train_begin
+    return True
