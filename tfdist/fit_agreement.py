@@ -12,7 +12,8 @@ and steps per epoch) and reads every other worker's, within TFDIST_STARTUP_TIMEO
 seconds. A difference is a ValueError on every worker that names the workers and the
 difference, before any step; a worker that does not reach its fit in time is named too.
 
-`install()` is called by `make_strategy` for a multi_worker_mirrored job of several workers.
+`install()` is called by `make_strategy` for a multi_worker_mirrored job of several workers; a
+fit of a model made outside the strategy's scope (one device) is not checked.
 Holds the count of fits of this process (the key of each fit's plans).
 """
 
@@ -92,6 +93,15 @@ _HINT = (
 )
 
 
+def _multi_worker(model) -> bool:
+    """Whether `model` was made in the scope of a strategy over several workers."""
+    strategy = getattr(model, "_distribute_strategy", None) or getattr(
+        model, "distribute_strategy", None
+    )
+    in_multi_worker = getattr(getattr(strategy, "extended", None), "_in_multi_worker_mode", None)
+    return bool(in_multi_worker is not None and in_multi_worker())
+
+
 def _check(callbacks) -> None:
     import tensorflow as tf
     from tensorflow.python.eager import context
@@ -106,6 +116,8 @@ def _check(callbacks) -> None:
     me = cluster.task
     if me not in names:
         return  # an evaluator: it trains nothing with the others
+    if not _multi_worker(getattr(callbacks, "model", None)):
+        return  # a model of no strategy (one device, e.g. a reference on the chief)
     plan = Plan.of(callbacks)
     if plan is None:
         return

@@ -344,6 +344,32 @@ def _steps_per_execution_exact(values) -> Optional[str]:
     )
 
 
+def tensorboard_files(strategy, directory):
+    """fit with Keras' TensorBoard callback into one directory on every worker: the event files
+    in it once every worker's fit has begun, and where their scalars stop."""
+    import glob
+
+    k = _keras()
+    tf = _tf()
+    logs = os.path.abspath(os.path.join(directory, "tensorboard"))
+    model = scenarios.mlp(strategy)
+    x, y = scenarios.regression_data(32)
+    model.fit(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(8),
+        epochs=2,
+        verbose=0,
+        callbacks=[k.callbacks.TensorBoard(logs)],
+    )
+    strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)  # all have fit
+    return {"train": sorted(os.path.basename(p) for p in glob.glob(f"{logs}/train/events.*"))}
+
+
+def _one_event_file(result) -> Optional[str]:
+    if len(result["train"]) != 1:
+        return f"{len(result['train'])} event files in the shared train/ directory, not 1"
+    return None
+
+
 def checkpoint_writers(strategy, directory):
     """ModelCheckpoint + BackupAndRestore into one directory: which worker writes there.
 
@@ -889,6 +915,15 @@ _PROOFS = [
         "optimizer.iterations 10 (upstream: 12, that call's steps applied twice)",
         ps_rerun_call,
         _one(_each_step_applied_once),
+    ),
+    Proof(
+        "multi_worker_tensorboard_written_by_the_chief",
+        MULTI_WORKER,
+        "fit with TensorBoard into one directory on 2 workers leaves one event file of training "
+        "(upstream: one per worker, every scalar twice)",
+        tensorboard_files,
+        _one(_one_event_file),
+        directory=True,
     ),
     Proof(
         "multi_worker_checkpoint_callbacks",

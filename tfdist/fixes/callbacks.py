@@ -1,4 +1,5 @@
-"""Fixes of Keras 3 callbacks under multi_worker_mirrored: checkpoints written once, by the chief.
+"""Fixes of Keras 3 callbacks under multi_worker_mirrored: checkpoints and TensorBoard logs
+written once, by the chief.
 
 Nothing here imports TensorFlow or Keras at import time.
 """
@@ -132,4 +133,66 @@ def _fix_multi_worker_checkpoints():
     backup_cls._save_model, backup_cls.on_train_end = save_backup, on_train_end
 
 
-FIXES = (MULTI_WORKER_CHECKPOINTS,)
+MULTI_WORKER_TENSORBOARD = Fix(
+    name="multi_worker_tensorboard_written_by_the_chief",
+    summary=("The TensorBoard callback writes its logs from every worker into the same directory."),
+    upstream="keras-team/keras#20585",
+    strategies=("multi_worker_mirrored",),
+    consequence=(
+        "a multi_worker_mirrored job's TensorBoard directory holds one event file per worker, "
+        "each with every step: TensorBoard shows each scalar once per worker (no error)."
+    ),
+)
+
+
+@MULTI_WORKER_TENSORBOARD.variant(
+    "3.3",
+    targets=[
+        Target("keras.src.callbacks.tensorboard:TensorBoard.set_model", ("self", "model")),
+        Target("keras.src.callbacks.tensorboard:TensorBoard.on_train_end", ("self", "logs")),
+    ],
+)
+def _fix_multi_worker_tensorboard():
+    # keras-team/keras#20585 (multi-worker support in general). Keras 3's TensorBoard
+    # (keras/src/callbacks/tensorboard.py) sets its directories from log_dir in set_model and
+    # writes there on every worker: two workers leave two event files in log_dir/train, each
+    # with the same steps, and TensorBoard draws every point twice. tf_keras has non-chief
+    # workers write into a temporary directory (distributed_file_utils.write_dirpath) that
+    # on_train_end removes; the fix does the same (the writes still run on every worker: a
+    # histogram or an image reads the same values everywhere, and no worker waits for another).
+    import shutil
+
+    from keras.src.callbacks import tensorboard
+
+    from tfdist import scratch as scratch_files
+
+    board = tensorboard.TensorBoard
+    original_set_model, original_end = board.set_model, board.on_train_end
+
+    def set_model(self, model):
+        role = _multi_worker_role(model)
+        if role is None or role[0]:
+            return original_set_model(self, model)
+        directory = getattr(self, "_tfdist_temp_dir", None)  # set once a fit (evaluate again)
+        if not directory:
+            directory = scratch_files.make_dir(f"tfdist-worker{role[1]}-")
+            self._tfdist_temp_dir = directory
+        log_dir, self.log_dir = self.log_dir, directory
+        try:
+            return original_set_model(self, model)
+        finally:
+            self.log_dir = log_dir
+
+    def on_train_end(self, logs=None):
+        try:
+            return original_end(self, logs)
+        finally:
+            directory = getattr(self, "_tfdist_temp_dir", None)
+            if directory:
+                shutil.rmtree(directory, ignore_errors=True)
+                self._tfdist_temp_dir = None
+
+    board.set_model, board.on_train_end = set_model, on_train_end
+
+
+FIXES = (MULTI_WORKER_CHECKPOINTS, MULTI_WORKER_TENSORBOARD)
