@@ -245,6 +245,9 @@ def test_kill_9_of_the_launcher_ends_its_tasks_and_all_they_started(tmp_path):
     launcher.wait(timeout=10)
     # The tasks get SIGTERM at once, what ignores it SIGKILL after --grace 2.
     assert not _gone(pids, within=15), "processes of the job outlived its launcher"
+    deadline = time.monotonic() + 10  # the keepers remove them once their tasks have ended
+    while os.listdir(reports) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert os.listdir(reports) == []  # nor its report folder, nor the tasks' scratch files
     os.rmdir(reports)
 

@@ -269,3 +269,20 @@ def test_cli_dry_run_of_an_elastic_job_plans_its_most_workers(tmp_path, capsys):
     assert main(["launch", "--workers", "2:3", "--grace", "5", "--dry-run", script]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == ["[worker:0]", "[worker:1]", "[worker:2]"]
+
+
+def test_the_last_lines_of_a_failed_task_leave_out_tensorflows_start_up_noise():
+    output = [
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+        "I0000 00:00:1796419575.249051    5153 port.cc:153] oneDNN custom operations are on.",
+        "Traceback (most recent call last):",
+        "E0000 00:00:1796419575.249051    5153 cuda_platform.cc:52] failed call to cuInit: x",
+        "ValueError: the user's own error",
+        "E0000 00:00:1796419575.249051    5153 some_op.cc:12] a real C++ error",
+    ]
+    task = TaskResult("worker:1", 1, output, 1.0)
+    assert task.tail == (
+        "Traceback (most recent call last):\nValueError: the user's own error\n"
+        "E0000 00:00:1796419575.249051    5153 some_op.cc:12] a real C++ error"
+    )
+    assert task.output == output  # kept whole (and in the task's --log-dir file)

@@ -4,8 +4,9 @@ Every TensorFlow process prints C++ log lines at start-up (oneDNN, the CUDA stub
 features, the coordination service; on a host without GPU even an "E" line, "failed call to
 cuInit"), some of them twice, and a multi-worker strategy used eagerly warns on every run. The
 launcher forwards a task's lines to the terminal without them, unless `--verbose` or
-TFDIST_VERBOSE=1. Only the terminal is spared: a task's output (its failure tail, `--log-dir`)
-keeps every line.
+TFDIST_VERBOSE=1, and the last lines of a failed task that the launcher quotes go without them
+too. A task's output as the launcher keeps it (`TaskResult.output`) and its `--log-dir` file
+keep every line.
 
 A line is noise when it is:
 - a C++ log line of level I (absl: `I0000 00:00:1796148415.137614   23634 port.cc:153] ...`;

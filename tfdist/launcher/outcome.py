@@ -22,6 +22,7 @@ import signal
 from typing import Dict, Iterable, List, Optional
 
 from tfdist import settings
+from tfdist.launcher.noise import NoiseFilter
 from tfdist.preemption import PREEMPTED_EXIT_CODE
 
 __all__ = [
@@ -73,7 +74,10 @@ class TaskResult:
 
     @property
     def tail(self) -> str:
-        return "\n".join(self.output[-_TAIL_LINES:])
+        """The last lines of the task's output without TensorFlow's start-up noise (its
+        `--log-dir` file has every line)."""
+        noise = NoiseFilter()
+        return "\n".join([line for line in self.output if not noise.is_noise(line)][-_TAIL_LINES:])
 
 
 @dataclasses.dataclass
