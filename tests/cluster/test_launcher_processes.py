@@ -344,3 +344,34 @@ def test_the_launcher_keeps_the_last_lines_of_a_task_and_the_log_keeps_all(tmp_p
     assert len(kept[-1]) < KEPT_LINE_CHARS + 40
     log = (tmp_path / "logs" / "worker-0.log").read_text().splitlines()
     assert log[0] == "line 0" and log[-1] == "x" * (KEPT_LINE_CHARS + 10)
+
+
+def test_the_summary_json_has_each_task_and_the_restarts(tmp_path):
+    script = _script(
+        tmp_path,
+        f"""
+        import os, sys
+        marker = os.path.join({str(tmp_path)!r}, "failed-once")
+        if os.environ["TFDIST_TASK"] == "worker:1" and not os.path.exists(marker):
+            open(marker, "w").close()
+            sys.exit(3)
+    """,
+    )
+    path = tmp_path / "summary.json"
+    code = subprocess.run(
+        [sys.executable, "-m", "tfdist", "launch", "--workers", "2", "--max-restarts", "1",
+         "--summary-json", str(path), script],
+        capture_output=True, text=True, timeout=60,
+    ).returncode  # fmt: skip
+    summary = json.loads(path.read_text())
+    assert code == 0 and summary["exit_code"] == 0 and summary["reason"] == "done", summary
+    assert summary["restarts"] == 1 and summary["preemption_restarts"] == 0, summary
+    assert set(summary["tasks"]) == {"worker:0", "worker:1"}
+    for task in summary["tasks"].values():
+        assert task["exit_code"] == 0 and task["seconds"] > 0 and task["steps"] is None, task
+    refused = subprocess.run(
+        [sys.executable, "-m", "tfdist", "launch", "--summary-json",
+         str(tmp_path / "no" / "such" / "s.json"), script],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "does not exist. HINT" in refused.stderr, refused.stderr

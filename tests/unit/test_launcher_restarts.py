@@ -286,3 +286,19 @@ def test_the_last_lines_of_a_failed_task_leave_out_tensorflows_start_up_noise():
         "E0000 00:00:1796419575.249051    5153 some_op.cc:12] a real C++ error"
     )
     assert task.output == output  # kept whole (and in the task's --log-dir file)
+
+
+def test_the_summary_names_the_slowest_of_the_training_tasks():
+    result = _result(
+        "done",
+        _task("worker:0", 0, 10.0, steps=100, train_seconds=5.0),
+        _task("worker:1", 0, 10.0, steps=100, train_seconds=8.0),
+        _task("ps:0", 0, 10.0, stopped=True, serves=True),
+    )
+    assert result.slowest == "worker:1"
+    assert summary(result).endswith("[tfdist] The slowest task: worker:1, 12.5 steps/s.\n")
+    data = result.as_dict()
+    assert data["slowest"] == "worker:1" and data["tasks"]["worker:0"]["steps_per_second"] == 20
+    assert data["tasks"]["ps:0"]["exit_code"] == 0 and data["tasks"]["ps:0"]["served"]
+    alone = _result("done", _task("worker:0", 0, 10.0, steps=100, train_seconds=5.0))
+    assert alone.slowest is None and "slowest" not in summary(alone)

@@ -180,6 +180,13 @@ def _add_launch_parser(sub) -> None:
         "--log-dir", "--log_dir", help="also write each task's output to LOG_DIR/<task>.log"
     )
     lau.add_argument(
+        "--summary-json",
+        "--summary_json",
+        metavar="FILE",
+        help="write the job's summary to FILE as JSON: each task's exit code, wall time, "
+        "training steps and time, the restarts, the slowest task",
+    )
+    lau.add_argument(
         "--dry-run",
         "--dry_run",
         action="store_true",
@@ -309,6 +316,14 @@ def launch_command(args) -> int:
     if refusal:
         print(f"tfdist launch: error: {refusal}", file=sys.stderr)
         return 2
+    folder = os.path.dirname(os.path.abspath(args.summary_json)) if args.summary_json else ""
+    if folder and not os.path.isdir(folder):
+        print(
+            f"tfdist launch: error: --summary-json {args.summary_json}: the directory {folder} "
+            "does not exist. HINT: create it first, or give a file in an existing directory.",
+            file=sys.stderr,
+        )
+        return 2
     if args.stall_timeout is not None:  # read by this process, the launcher
         os.environ[settings.STALL_TIMEOUT.name] = repr(args.stall_timeout)
     script_args = list(args.args)
@@ -346,7 +361,19 @@ def launch_command(args) -> int:
     except gpus.GpuError as err:
         print(f"tfdist launch: error: {err}", file=sys.stderr)
         return 2
+    if args.summary_json:
+        _write_summary(args.summary_json, result, exit_code(result))
     return exit_code(result)
+
+
+def _write_summary(path: str, result, code: int) -> None:
+    import json
+
+    try:
+        with open(path, "w") as f:
+            json.dump(dict(result.as_dict(), exit_code=code), f, indent=1)
+    except OSError as err:
+        print(f"tfdist launch: cannot write --summary-json {path}: {err}", file=sys.stderr)
 
 
 def horovodrun_command(args) -> int:

@@ -94,6 +94,36 @@ class JobResult:
     tasks: Dict[str, TaskResult]
     isolated: bool = False  # the tasks ran in a private network namespace (loopback only)
     launcher_signal: Optional[int] = None
+    restarts: int = 0  # the job's attempts before this one (`launch`), for any reason
+    preemption_restarts: int = 0  # those of them after a preemption
+
+    @property
+    def slowest(self) -> Optional[str]:
+        """The training task with the fewest steps per second, when two or more trained."""
+        rates = {n: t.steps_per_second for n, t in self.tasks.items() if t.steps_per_second}
+        return min(rates, key=lambda n: (rates[n], n)) if len(rates) > 1 else None
+
+    def as_dict(self) -> dict:
+        """The job's summary as plain data (`tfdist launch --summary-json`)."""
+        codes = self.returncodes
+        return {
+            "reason": self.reason,
+            "restarts": self.restarts,
+            "preemption_restarts": self.preemption_restarts,
+            "slowest": self.slowest,
+            "tasks": {
+                name: {
+                    "exit_code": codes[name],
+                    "stopped": task.stopped,
+                    "served": task.serves,
+                    "seconds": round(task.seconds, 3),
+                    "steps": task.steps,
+                    "train_seconds": task.train_seconds,
+                    "steps_per_second": task.steps_per_second,
+                }
+                for name, task in self.tasks.items()
+            },
+        }
 
     @property
     def ok(self) -> bool:
@@ -145,6 +175,12 @@ def summary(result: JobResult) -> str:
         if rate is not None:
             line += f"  {task.steps} steps, {rate:.1f} steps/s"
         lines.append(line + "\n")
+    slowest = result.slowest
+    if slowest is not None:
+        lines.append(
+            f"[tfdist] The slowest task: {slowest}, "
+            f"{result.tasks[slowest].steps_per_second:.1f} steps/s.\n"
+        )
     return "".join(lines)
 
 

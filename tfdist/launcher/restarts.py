@@ -375,7 +375,7 @@ class _Attempts:
         self.timeout, self.grace, self.log_dir = timeout, grace, log_dir
         self.quiet, self.verbose, self.out = quiet, verbose, out
         self.requests: Optional[_Requests] = None
-        self.restarts = self.preemptions = 0
+        self.restarts = self.preemptions = self.attempts = 0
         self.note = ""  # why the job is not restarted, when the counts say so
 
     def say(self, text: str) -> None:
@@ -405,6 +405,9 @@ class _Attempts:
 
     def finish(self, result: JobResult, check: bool) -> JobResult:
         """`result` when the job ended done; else says why (or raises JobFailed, `check`)."""
+        result = dataclasses.replace(
+            result, restarts=self.attempts - 1, preemption_restarts=self.preemptions
+        )
         if result.ok:
             return result
         message = failure_message(result, self.timeout, self.grace)
@@ -443,6 +446,7 @@ class _Attempts:
 
     def _attempt(self) -> JobResult:
         """Plans and runs the job once, on fresh ports; prints its summary (unless quiet)."""
+        self.attempts += 1
         plans = plan_job(workers=self.slots.workers if self.slots else self.workers, **self.plan)
         result = run_job(
             plans,
