@@ -180,6 +180,21 @@ def _flag(value: str) -> bool:
     raise ValueError("1 (or true, yes, on) or 0 (or false, no, off)")
 
 
+def _steps(value: str) -> Optional[tuple]:
+    """START:END, two whole numbers with 0 <= START < END (steps START to END - 1); empty:
+    None."""
+    if not value.strip():
+        return None
+    start, _, end = value.partition(":")
+    try:
+        first, last = int(start), int(end)
+    except ValueError:
+        first = last = -1
+    if not 0 <= first < last:
+        raise ValueError("START:END, two whole numbers of steps with 0 <= START < END, like 10:15")
+    return first, last
+
+
 _NAMESPACE_CHOICES = ("auto", "off", "require")
 
 
@@ -343,6 +358,25 @@ STATUS_EVERY = Setting(
     "line is updated in place; `0` turns both off",
     "`tfdist launch`, `tfdist.launch`",
 )
+PROFILE = Setting(
+    "TFDIST_PROFILE",
+    _steps,
+    None,
+    "`START:END`: every training task captures a TensorFlow profiler trace of its optimizer "
+    "steps START to END - 1 into TFDIST_PROFILE_DIR/<task>, which TensorBoard's profile "
+    "plugin opens; `tfdist launch --profile` sets it",
+    "`tfdist.make_strategy`",
+    "unset (no trace)",
+)
+PROFILE_DIR = Setting(
+    "TFDIST_PROFILE_DIR",
+    _text_or_none,
+    None,
+    "where TFDIST_PROFILE's traces go, one directory per task; `tfdist launch --profile` sets "
+    "it to `--log-dir`/profile, or `tfdist-profile` in the current directory",
+    "`tfdist.make_strategy`",
+    "`tfdist-profile`",
+)
 TASK_TMPDIR = Setting(
     "TFDIST_TASK_TMPDIR",
     _text_or_none,
@@ -442,6 +476,8 @@ SETTINGS = (
     TASK,
     STALL_TIMEOUT,
     STATUS_EVERY,
+    PROFILE,
+    PROFILE_DIR,
     TASK_TMPDIR,
     POOL_KEY,
     NETWORK_NAMESPACE,

@@ -85,6 +85,11 @@ CASES = {
     settings.TASK: ([("worker:1", "worker:1")], []),
     settings.STALL_TIMEOUT: ([("60", 60.0), ("0", 0.0), ("2.5", 2.5)], ["-1", "soon"]),
     settings.STATUS_EVERY: ([("10", 10.0), ("0", 0.0)], ["-5", "often"]),
+    settings.PROFILE: (
+        [("10:15", (10, 15)), ("0:1", (0, 1)), ("", None)],
+        ["5:5", "a:b", "-1:3", "7"],
+    ),
+    settings.PROFILE_DIR: ([("/tmp/profile", "/tmp/profile"), ("", None)], []),
     settings.TASK_TMPDIR: ([("/tmp/tfdist-task-x1", "/tmp/tfdist-task-x1"), ("", None)], []),
     settings.POOL_KEY: ([("00ff", "00ff")], []),
     settings.NETWORK_NAMESPACE: (

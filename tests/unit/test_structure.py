@@ -148,7 +148,7 @@ def _rooms(*names: str) -> frozenset:
 
 BASE = _rooms("errors", "flavour", "gpus", "netns", "releases", "scratch", "settings", "signals")
 CLUSTER = BASE | _rooms("cluster", "task")
-STRATEGY = CLUSTER | _rooms("fit_agreement", "fixes", "strategy", "training_report")
+STRATEGY = CLUSTER | _rooms("fit_agreement", "fixes", "profiler", "strategy", "training_report")
 DATA = STRATEGY | _rooms("data", "learning_rate", "precision")
 TRAINING = DATA | _rooms("parameter_server", "training")
 FAULTS = TRAINING | _rooms("preemption")
@@ -174,7 +174,8 @@ LAYERS = {
     "tfdist.fixes": CLUSTER,
     "tfdist.training_report": BASE,
     "tfdist.fit_agreement": CLUSTER,
-    "tfdist.strategy": CLUSTER | _rooms("fit_agreement", "fixes", "training_report"),
+    "tfdist.profiler": BASE,
+    "tfdist.strategy": CLUSTER | _rooms("fit_agreement", "fixes", "profiler", "training_report"),
     # -> precision policy, data
     "tfdist.precision": STRATEGY,
     "tfdist.data": STRATEGY,

@@ -40,6 +40,19 @@ def _stall_timeout(text: str) -> float:
         ) from None
 
 
+def _profile(text: str) -> str:
+    """START:END (`--profile`), checked as TFDIST_PROFILE is."""
+    try:
+        if settings.PROFILE.parse(text) is None:
+            raise ValueError("empty")
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--profile must be START:END, two whole numbers of steps with 0 <= START < END, "
+            f"not {text!r}. HINT: e.g. --profile 10:15 traces steps 10 to 14 of every task."
+        ) from None
+    return text.strip()
+
+
 def _workers(text: str):
     """`--workers N` (an int; N < 1 is refused later, with --ps), `MIN:MAX` (a pair), or
     `gpu` (one worker per GPU, or per --gpus-per-worker GPUs)."""
@@ -180,6 +193,15 @@ def _add_launch_parser(sub) -> None:
         "--log-dir", "--log_dir", help="also write each task's output to LOG_DIR/<task>.log"
     )
     lau.add_argument(
+        "--profile",
+        type=_profile,
+        default=None,
+        metavar="START:END",
+        help="every training task captures a TensorFlow profiler trace of its steps START to "
+        "END - 1 into LOG_DIR/profile/<task> (with --log-dir), else ./tfdist-profile/<task>; "
+        "TensorBoard's profile plugin opens it",
+    )
+    lau.add_argument(
         "--summary-json",
         "--summary_json",
         metavar="FILE",
@@ -295,13 +317,17 @@ def _no_script(args) -> str:
 
 
 def _extra_env(args) -> Optional[dict]:
-    """The variables `--strategy`, `--communication` and `--gradient-compression` set in every
-    task, or None."""
+    """The variables `--strategy`, `--communication`, `--gradient-compression` and `--profile`
+    set in every task, or None."""
     extra = {settings.STRATEGY.name: args.strategy} if args.strategy else {}
     if args.communication:
         extra[settings.COMMUNICATION.name] = args.communication
     if args.gradient_compression:
         extra[settings.GRADIENT_COMPRESSION.name] = args.gradient_compression
+    if args.profile:
+        extra[settings.PROFILE.name] = args.profile
+        folder = os.path.join(args.log_dir, "profile") if args.log_dir else "tfdist-profile"
+        extra[settings.PROFILE_DIR.name] = os.path.abspath(folder)
     return extra or None
 
 

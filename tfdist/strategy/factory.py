@@ -229,7 +229,8 @@ def _build_in_this_process(record: Strategy, *, cluster: ClusterSpec, **argument
        the launcher's summary line (`tfdist.training_report.install`); after the build, so
        that tasks that only serve count nothing. The workers of a multi_worker_mirrored job
        check at each fit that they train the same model the same way
-       (`tfdist.fit_agreement.install`).
+       (`tfdist.fit_agreement.install`). With TFDIST_PROFILE, a profiler trace of the steps
+       it names is captured (`tfdist.profiler.install`).
 
     Before this step make_strategy only reads: TFDIST_STRATEGY, TFDIST_COMMUNICATION and
     TFDIST_GRADIENT_COMPRESSION (`tfdist.settings`), the cluster (`tfdist.detect_cluster`:
@@ -257,4 +258,7 @@ def _build_in_this_process(record: Strategy, *, cluster: ClusterSpec, **argument
         from tfdist import fit_agreement
 
         fit_agreement.install()
+    from tfdist import profiler
+
+    profiler.install()  # with TFDIST_PROFILE only
     return strategy
