@@ -261,6 +261,6 @@ def test_launch_refuses_a_communication_multi_worker_mirrored_does_not_take(caps
 @pytest.mark.parametrize("value", ["5:5", "a:b", "-1:3", "7"])
 def test_launch_refuses_a_profile_that_is_no_range_of_steps(value, capsys):
     with pytest.raises(SystemExit):
-        main(["launch", "--profile", value, "--workers", "1", "train.py"])
+        main(["launch", f"--profile={value}", "--workers", "1", "train.py"])
     err = capsys.readouterr().err
     assert "--profile must be START:END" in err and repr(value) in err and "HINT" in err
