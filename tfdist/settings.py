@@ -346,8 +346,9 @@ STALL_TIMEOUT = Setting(
     300,
     "seconds without a training step after which `tfdist launch` names the tasks that are "
     "behind and prints every task's Python stacks (all threads), once per stall, without "
-    "stopping the job; `0` turns it off; `tfdist launch --stall-timeout` sets it",
-    "`tfdist launch`, `tfdist.launch`",
+    "stopping the job; in a job started without the launcher (TF_CONFIG), each task watches "
+    "its own fits the same way; `0` turns it off; `tfdist launch --stall-timeout` sets it",
+    "`tfdist launch`, `tfdist.launch`, `tfdist.make_strategy` (a job without the launcher)",
 )
 STATUS_EVERY = Setting(
     "TFDIST_STATUS_EVERY",

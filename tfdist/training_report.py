@@ -19,6 +19,11 @@ the time (`read_progress`). The same thread writes every thread's Python stack t
 output when the launcher asks for it (`request_stacks`, a file beside the report): a stuck main
 thread, inside TensorFlow or not, cannot prevent that.
 
+Without the launcher (a job a scheduler started from TF_CONFIG, with no TFDIST_REPORT_FILE), the
+same thread watches for a stall by itself: a task in a fit whose step has not moved for
+TFDIST_STALL_TIMEOUT seconds says so and writes the stack of each of its threads, once per stall
+(every task of a stuck job does, so their outputs show where each one is).
+
 Nothing is written without TFDIST_REPORT_FILE, and a report that cannot be read or written costs
 nothing but the progress, the steps/s of the summary and the stacks (and a restart).
 """
@@ -107,19 +112,23 @@ def request_stacks(path: str) -> None:
 
 
 class _Reporter(threading.Thread):
-    """The task's progress, written every PROGRESS_SECONDS, and its stacks when asked."""
+    """The task's progress, written every PROGRESS_SECONDS to `path` (the launcher's report),
+    and its stacks when asked; without a `path`, its own stall watch (`stall_timeout` > 0)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: Optional[str], stall_timeout: float = 0.0, task: str = ""):
         super().__init__(name="tfdist-progress", daemon=True)
-        self.path = path
+        self.path, self.stall_timeout, self.task = path, stall_timeout, task
         self.fit = None  # (weak reference to the CallbackList's model, total steps or None)
         self.step: Optional[int] = None
+        self.moved = time.monotonic()  # when the step last changed, or a fit began
+        self.stalled = False  # reported, and no step since
 
     def begin(self, callbacks) -> None:
         params = getattr(callbacks, "params", None) or {}
         epochs, steps = params.get("epochs"), params.get("steps")
         total = epochs * steps if isinstance(epochs, int) and isinstance(steps, int) else None
         model = getattr(callbacks, "model", None)
+        self.moved, self.stalled = time.monotonic(), False
         self.fit = (weakref.ref(model) if model is not None else _none, total)
 
     def end(self) -> None:
@@ -131,7 +140,11 @@ class _Reporter(threading.Thread):
         if fit is not None:
             step = _step(fit[0]())
             if step is not None:
+                if step != self.step:
+                    self.moved, self.stalled = time.monotonic(), False
                 self.step = step
+        if self.path is None:
+            return
         with _LOCK:
             _TOTALS["progress"] = {
                 "step": self.step,
@@ -149,22 +162,43 @@ class _Reporter(threading.Thread):
             os.remove(asked)
         except OSError:
             return
-        sys.stdout.flush()
-        sys.stderr.write(
-            "tfdist: the stack of every thread of this task (asked by the launcher):\n"
+        _dump("tfdist: the stack of every thread of this task (asked by the launcher):")
+
+    def watch(self) -> None:
+        """Without the launcher: a fit whose step has not moved for stall_timeout seconds."""
+        waited = time.monotonic() - self.moved
+        if self.fit is None or self.stalled or waited < self.stall_timeout:
+            return
+        self.stalled = True
+        task = self.task or settings.TASK.get() or "this task"
+        where = f"at step {self.step}" if self.step is not None else "before its first step"
+        _dump(
+            f"tfdist: {task} has made no training step for {round(waited)} s ({where}); the "
+            "stack of every thread of this task follows (TFDIST_STALL_TIMEOUT; 0 turns this "
+            "off). A task that waits in a collective waits for the others: their output shows "
+            "the one that holds the job up."
         )
-        sys.stderr.flush()
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        sys.stderr.flush()
 
     def run(self) -> None:
         while True:
             time.sleep(PROGRESS_SECONDS)
             try:
-                self.stacks()
+                if self.path is not None:
+                    self.stacks()
                 self.report()
+                if self.path is None and self.stall_timeout:
+                    self.watch()
             except Exception:  # pylint: disable=broad-except
                 pass  # progress is best effort: training goes on without it
+
+
+def _dump(headline: str) -> None:
+    """`headline`, then the Python stack of every thread, on stderr."""
+    sys.stdout.flush()
+    sys.stderr.write(headline + "\n")
+    sys.stderr.flush()
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    sys.stderr.flush()
 
 
 def _none():
@@ -186,20 +220,23 @@ def refuse_restart(reason: str) -> None:
     _write(path)
 
 
-def install() -> bool:
-    """Counts training steps of every fit in this process when TFDIST_REPORT_FILE is set.
+def install(watch_stalls: bool = False, task: str = "") -> bool:
+    """Counts training steps of every fit in this process and reports its progress when
+    TFDIST_REPORT_FILE is set; else, with `watch_stalls` (`task`, e.g. "worker:1", of a job
+    started without the launcher) and TFDIST_STALL_TIMEOUT > 0, watches its fits for a stall.
 
-    Returns True when the counting is (already) installed.
+    Returns True when either is (already) installed.
     """
     global _INSTALLED, _REPORTER
     path = settings.REPORT_FILE.get()
-    if not path:
+    stall_timeout = settings.STALL_TIMEOUT.get() if watch_stalls and not path else 0.0
+    if not path and not stall_timeout:
         return False
     with _LOCK:
         if _INSTALLED:
             return True
         _INSTALLED = True
-    _REPORTER = reporter = _Reporter(path)
+    _REPORTER = reporter = _Reporter(path, stall_timeout, task)
     reporter.start()
     from tfdist import flavour
 
@@ -226,7 +263,8 @@ def install() -> bool:
                 _TOTALS["seconds"] += time.monotonic() - started
                 if first is not None and last is not None:
                     _TOTALS["steps"] += max(last - first, 0)
-            _write(path)
+            if path:
+                _write(path)
             reporter.end()
         return result
 

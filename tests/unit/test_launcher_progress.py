@@ -142,3 +142,38 @@ def test_a_stall_timeout_that_is_no_number_of_seconds_is_refused(value, capsys):
     err = capsys.readouterr().err
     assert f"--stall-timeout must be a number of seconds >= 0, not {value!r}" in err
     assert "HINT" in err
+
+
+class _Model:
+    """A model whose optimizer is at `step`, as training_report reads it."""
+
+    def __init__(self, step):
+        self.optimizer = types.SimpleNamespace(iterations=types.SimpleNamespace(numpy=lambda: step))
+
+
+def test_without_the_launcher_a_stalled_task_prints_its_own_stacks_once(capfd, monkeypatch):
+    from tfdist import training_report
+
+    clock = [100.0]
+    monkeypatch.setattr(training_report.time, "monotonic", lambda: clock[0])
+    reporter = training_report._Reporter(None, stall_timeout=60, task="worker:1")
+    model = _Model(13)
+    reporter.begin(types.SimpleNamespace(model=model, params={"epochs": 1, "steps": 30}))
+    reporter.report()
+    clock[0] = 159.0
+    reporter.report()
+    reporter.watch()
+    assert capfd.readouterr().err == ""
+    clock[0] = 161.0
+    reporter.report()
+    reporter.watch()
+    reporter.watch()  # once per stall
+    err = capfd.readouterr().err
+    assert err.count("tfdist: worker:1 has made no training step for 61 s (at step 13)") == 1
+    assert "most recent call first" in err and "test_launcher_progress.py" in err, err
+    model.optimizer.iterations.numpy = lambda: 14  # it moved: the next stall is told again
+    reporter.report()
+    clock[0] = 222.0
+    reporter.report()
+    reporter.watch()
+    assert "for 61 s (at step 14)" in capfd.readouterr().err

@@ -253,7 +253,7 @@ def _build_in_this_process(record: Strategy, *, cluster: ClusterSpec, **argument
     strategy = getattr(builders, record.build)(cluster=cluster, **arguments)
     from tfdist import training_report as report
 
-    report.install()
+    report.install(watch_stalls=not cluster.is_single_process, task=cluster.task or "")
     if record.name == "multi_worker_mirrored" and cluster.num_workers > 1:
         from tfdist import fit_agreement
 
