@@ -255,7 +255,7 @@ def _fit_keras(model, strategy, plan: _Plan):
     legacy = flavour.uses_legacy_keras()
     steps_per_epoch = plan.steps_per_epoch
     if steps_per_epoch is None and legacy:
-        steps_per_epoch = one_pass
+        steps_per_epoch = _tf_keras_steps(one_pass, "steps_per_epoch", "data")
     repeat = steps_per_epoch is not None and one_pass is not None
     dataset = data_lib.distribute_dataset(
         plan.data,
@@ -269,7 +269,11 @@ def _fit_keras(model, strategy, plan: _Plan):
     if plan.validation is not None:
         validation = data_lib.distribute_dataset(plan.validation, strategy, plan.global_batch_size)
         if validation_steps is None and legacy:
-            validation_steps = data_lib.steps_per_pass(plan.validation, plan.global_batch_size)
+            validation_steps = _tf_keras_steps(
+                data_lib.steps_per_pass(plan.validation, plan.global_batch_size),
+                "validation_steps",
+                "validation_data",
+            )
     # shuffle=False: `dataset` is already shuffled as asked (Keras 3 warns that it ignores
     # its default shuffle=True for a dataset)
     try:
@@ -289,6 +293,19 @@ def _fit_keras(model, strategy, plan: _Plan):
             "examples than one batch with drop_remainder=True). HINT: check the dataset "
             "with `for batch in dataset.take(1): print(batch)`."
         ) from err
+
+
+def _tf_keras_steps(steps: Optional[int], argument: str, what: str) -> int:
+    """`steps` of one pass, which tf_keras needs for a distributed dataset; a ValueError naming
+    `argument` when the length of `what` is not known."""
+    if steps is None:
+        raise ValueError(
+            f"The {what} is of unknown length (a generator, or a dataset after filter() or "
+            f"from_generator()), and tf_keras' fit and evaluate need the number of steps of a "
+            f"distributed dataset. HINT: pass {argument}=N (the batches of one pass), or use "
+            "Keras 3 (TF_USE_LEGACY_KERAS unset), whose fit ends each epoch with the data."
+        )
+    return steps
 
 
 def evaluate(
@@ -325,7 +342,7 @@ def evaluate(
         )
     dataset = data_lib.distribute_dataset(source, strategy, global_batch_size)
     if steps is None and flavour.uses_legacy_keras():  # tf_keras needs it for this dataset
-        steps = data_lib.steps_per_pass(source, global_batch_size)
+        steps = _tf_keras_steps(data_lib.steps_per_pass(source, global_batch_size), "steps", "data")
     return model.evaluate(dataset, steps=steps, verbose=verbose, return_dict=return_dict)
 
 

@@ -82,3 +82,43 @@ def test_fit_and_evaluate_classify_each_input_once(monkeypatch):
     classified.clear()
     tfdist.evaluate(history.model, train, strategy=strategy, global_batch_size=BATCH, verbose=0)
     assert [id(data) for data in classified] == [id(train)]
+
+
+def test_data_of_unknown_length_under_tf_keras_is_refused_with_the_steps_to_give(monkeypatch):
+    """tf_keras' fit needs the steps of a distributed dataset (its own error: "When providing a
+    distributed dataset, you must specify the number of steps to run"): tfdist names the
+    argument that gives them, before fit. Only the check is tf_keras' here."""
+    import tensorflow as tf
+
+    from tfdist import flavour
+
+    strategy = tfdist.make_strategy("mirrored", cluster=tfdist.ClusterSpec({}))
+    x = np.zeros((EXAMPLES, 4), "float32")
+    unknown = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).filter(lambda a, b: True)
+    keras = flavour.keras()
+
+    def build():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        return model
+
+    monkeypatch.setattr(flavour, "uses_legacy_keras", lambda: True)
+    for call, argument in (
+        (
+            lambda: tfdist.fit(build, unknown, strategy=strategy, global_batch_size=BATCH),
+            "steps_per_epoch",
+        ),
+        (
+            lambda: tfdist.fit(
+                build, (x, x[:, :1]), strategy=strategy, global_batch_size=BATCH,
+                validation_data=unknown,
+            ),
+            "validation_steps",
+        ),
+    ):  # fmt: skip
+        try:
+            call()
+        except ValueError as err:
+            assert f"HINT: pass {argument}=N" in str(err) and "unknown length" in str(err), err
+        else:
+            raise AssertionError(f"no ValueError naming {argument}")
