@@ -206,6 +206,10 @@ CROSSINGS = {
         "the fix that gives Keras 3's model.fit parameter-server training hands each fit to "
         "tfdist's trainer (imported when fit is called)"
     ),
+    ("tfdist.fixes.tf_keras_parameter_server", "tfdist.parameter_server"): (
+        "the fix that applies each step of tf_keras' parameter-server fit once schedules its "
+        "steps through tfdist's exactly-once runner (imported when a train function is made)"
+    ),
     ("tfdist.launcher.startup.sitecustomize", "tfdist"): (
         "every task of a job starts as if its script began with `import tfdist` (the Keras hook)"
     ),

@@ -24,6 +24,7 @@ from tfdist.fixes import (
     parameter_server,
     replicas,
     tensorflow,
+    tf_keras_parameter_server,
     uneven_batches,
 )
 from tfdist.fixes.record import (
@@ -47,6 +48,7 @@ FIXES = {
         executions,
         callbacks,
         parameter_server,
+        tf_keras_parameter_server,
         tensorflow,
         collectives,
     )
