@@ -45,6 +45,7 @@ PROGRESS_SECONDS = 1.0  # between two progress reports of a task
 STACKS_SUFFIX = ".stacks"  # beside the report: the launcher asks for the task's stacks
 
 _LOCK = threading.Lock()
+_WRITING = threading.Lock()
 _TOTALS = {"steps": 0, "seconds": 0.0, "fits": 0}
 _INSTALLED = False
 
@@ -66,14 +67,15 @@ def _step(model) -> Optional[int]:
 
 
 def _write(path: str) -> None:
-    with _LOCK:
-        payload = dict(_TOTALS)
-    try:
-        with open(path + ".tmp", "w") as f:
-            json.dump(payload, f)
-        os.replace(path + ".tmp", path)
-    except OSError:
-        pass
+    with _WRITING:  # the reporter thread and the end of a fit: one writer of the file at once
+        with _LOCK:
+            payload = dict(_TOTALS)
+        try:
+            with open(path + ".tmp", "w") as f:
+                json.dump(payload, f)
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass
 
 
 def read(path: str) -> Optional[dict]:
