@@ -37,6 +37,11 @@ and then judges the trial (`judge`):
   training had reached (or, for a freeze or a network cut, which a job may ride out, training
   went on after it).
 
+A trial whose whole job ended before one of its faults could be injected (on a host slow
+enough that the campaign sees the step only after the job's last) tested nothing: it is run
+again, the same faults at the same steps, at most MAX_LATE times, and counts as not survived
+after that. `--only 57,80` runs chosen trials of the seeded plan again.
+
 It writes chaos.md (a table: fault, trials, survived, median and worst recovery) and
 chaos.json (every trial) to --out (default build/chaos-<time>), and exits 1 unless every trial
 survived. The network cut is the whole job's (its tasks share one network namespace); it
@@ -71,6 +76,7 @@ COLLECTIVE_TIMEOUT = 8  # seconds: a frozen peer is given up on after this
 FROZEN = COLLECTIVE_TIMEOUT + 4  # seconds a frozen worker stays stopped
 RECOVERY_BOUND = 150.0  # seconds from a fault to training past the step it had reached
 TRIAL_TIMEOUT = 420.0
+MAX_LATE = 2  # runs again of a trial whose job ended before a fault could be injected
 SETTLE = 10.0  # seconds the processes of a job that ended get to be gone
 AUTOGRAPH_FILES = "__autograph_generated_file"
 FILE_LIMIT = 4096  # bytes: the leader's RLIMIT_FSIZE for the disk-full fault
@@ -128,6 +134,14 @@ class Trial:
     problems: List[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
     exit_code: Optional[int] = None
+    late: str = ""  # the fault the job ended before (the trial is run again: nothing was tested)
+    reruns: List[str] = dataclasses.field(default_factory=list)  # each run voided so
+
+    def reset(self) -> None:
+        """For a run again: the faults as drawn, no outcome, an empty directory."""
+        self.problems, self.late, self.exit_code = [], "", None
+        self.faults = [Fault(f.kind, f.task, f.at_step) for f in self.faults]
+        shutil.rmtree(self.directory, ignore_errors=True)
 
     @property
     def survived(self) -> bool:
@@ -330,10 +344,19 @@ def inject(run: Run, fault: Fault, rng: random.Random) -> None:
         run.start()
         return
     pid = task_pid(run.marker, task)
+    if pid is None and run.proc.poll() is not None:
+        trial.late = f"{fault.kind}@{fault.at_step}"  # the job ended while the campaign looked
+        return
     if pid is None:
         fault.note = f"{task} not found"
         trial.problems.append(f"{fault.kind}: task {task} was not running at step {fault.at_step}")
         return
+    _hit(pid, fault)
+    fault.note = fault.note or f"{task} (pid {pid})"
+
+
+def _hit(pid: int, fault: Fault) -> None:
+    """The fault itself, on the task `pid`."""
     if fault.kind.startswith("kill_"):
         os.kill(pid, signal.SIGKILL)
     elif fault.kind == "preempt":
@@ -353,7 +376,6 @@ def inject(run: Run, fault: Fault, rng: random.Random) -> None:
         _set_loopback(pid, "up")  # the namespace may be gone already (its tasks ended)
     elif fault.kind == "disk_full":
         resource.prlimit(pid, resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
-    fault.note = fault.note or f"{task} (pid {pid})"
 
 
 def run_trial(trial: Trial, rng: random.Random, references: Dict[str, list]) -> Trial:
@@ -370,7 +392,12 @@ def run_trial(trial: Trial, rng: random.Random, references: Dict[str, list]) -> 
                     f"(at {run.progress()}; launcher exit {run.proc.poll()})"
                 )
                 break
+            if run.proc.poll() is not None:  # the whole job ended before the fault could land
+                trial.late = f"{fault.kind}@{fault.at_step}"
+                break
             inject(run, fault, rng)
+            if trial.late:
+                break
             after = run.progress()  # where training stood once the fault was over
 
             def recovered(f=fault, after=after):
@@ -407,7 +434,8 @@ def run_trial(trial: Trial, rng: random.Random, references: Dict[str, list]) -> 
                 run.proc.wait()
         run.log.close()
         trial.seconds = time.monotonic() - started
-    judge(trial, run, references)
+    if not trial.late:
+        judge(trial, run, references)
     return trial
 
 
@@ -550,6 +578,12 @@ def main(argv=None) -> int:
     parser.add_argument("--faults", default=",".join(FAULTS), help="comma-separated")
     parser.add_argument("--out", default=os.environ.get("OUT"))
     parser.add_argument("--keep", action="store_true", help="keep each trial's folder")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated trial indices of the seeded plan to run (the same faults at the "
+        "same steps), e.g. to run a failed trial again",
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     faults = [f for f in args.faults.split(",") if f]
@@ -562,6 +596,9 @@ def main(argv=None) -> int:
     print(f"chaos: {args.trials} trials, seed {args.seed}, results in {root}", flush=True)
     started = time.monotonic()
     trials = plan_trials(args.trials, args.seed, faults, root)
+    if args.only:
+        chosen = {int(i) for i in args.only.split(",") if i.strip()}
+        trials = [t for t in trials if t.index in chosen]
     references = {}
     for strategy, flavour in sorted({(t.strategy, t.flavour) for t in trials}):
         weights = reference(strategy, flavour, root)
@@ -570,6 +607,20 @@ def main(argv=None) -> int:
     rng = random.Random(args.seed + 1)
     for trial in trials:
         run_trial(trial, rng, references)
+        while trial.late and len(trial.reruns) < MAX_LATE:
+            print(
+                f"chaos: trial {trial.index}: the job ended before {trial.late} could be "
+                "injected (nothing was tested); running it again",
+                flush=True,
+            )
+            trial.reruns.append(trial.late)
+            trial.reset()
+            run_trial(trial, rng, references)
+        if trial.late:
+            trial.problems.append(
+                f"the job ended before {trial.late} could be injected, {MAX_LATE + 1} times: "
+                "this host is too slow for the campaign's pace"
+            )
         faults = ", ".join(f"{f.kind}@{f.at_step}({f.task})" for f in trial.faults)
         verdict = "survived" if trial.survived else "FAILED: " + "; ".join(trial.problems)
         print(
