@@ -275,6 +275,10 @@ def test_the_scratch_files_of_a_task_killed_mid_save_are_removed(tmp_path, monke
         with open(os.path.join({str(tmp_path)!r}, task.replace(":", "-") + ".dir"), "w") as f:
             f.write(directory)
         if task == "worker:1":
+            # once worker 0 has its scratch file too (the launcher then stops it)
+            while not os.path.exists(os.path.join({str(tmp_path)!r}, "worker-0.dir")):
+                time.sleep(0.05)
+            time.sleep(0.2)
             os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer would
         time.sleep(120)
     """,

@@ -307,7 +307,8 @@ def _fix_tf_keras_steps_per_execution():
             and not model.run_eagerly
             and not model.jit_compile
             and getattr(model, "_cluster_coordinator", None) is None
-            and type(model).make_train_function is make_train_function
+            # the model keeps tf_keras' own (another fix may have wrapped it since)
+            and type(model).make_train_function is training.Model.make_train_function
         )
 
     def k_steps(model, one_step):

@@ -59,7 +59,8 @@ def _fix_tf_keras_ps_step_once():
     def eligible(model) -> bool:
         return (
             getattr(model, "_cluster_coordinator", None) is not None
-            and type(model).make_train_function is make_train_function
+            # the model keeps tf_keras' own (this fix's, or another fix's over it)
+            and type(model).make_train_function is training.Model.make_train_function
             and not model.run_eagerly
             and not model.jit_compile
             and not model.autotune_steps_per_execution
