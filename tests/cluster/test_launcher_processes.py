@@ -137,11 +137,14 @@ def test_a_task_that_would_fail_the_same_way_again_is_not_restarted(tmp_path):
     script = _script(
         tmp_path,
         f"""
-        import os, sys
+        import os, sys, time
         from tfdist import training_report
-        with open(os.path.join({str(tmp_path)!r}, "runs.txt"), "a") as f:
+        runs = os.path.join({str(tmp_path)!r}, "runs.txt")
+        with open(runs, "a") as f:
             f.write(os.environ["TFDIST_TASK"] + "\\n")
         if os.environ["TFDIST_TASK"] == "worker:1":
+            while "worker:0" not in open(runs).read():  # both ran (the launcher then stops 0)
+                time.sleep(0.05)
             print("ValueError: The backup ... does not fit this model")
             training_report.refuse_restart("the backup in /shared/backup was refused")
             sys.exit(1)
