@@ -347,7 +347,8 @@ STALL_TIMEOUT = Setting(
     "seconds without a training step after which `tfdist launch` names the tasks that are "
     "behind and prints every task's Python stacks (all threads), once per stall, without "
     "stopping the job; in a job started without the launcher (TF_CONFIG), each task watches "
-    "its own fits the same way; `0` turns it off; `tfdist launch --stall-timeout` sets it",
+    "its own fits the same way; `0` turns it off (and with TFDIST_STATUS_EVERY `0` too, the "
+    "tasks report no progress at all); `tfdist launch --stall-timeout` sets it",
     "`tfdist launch`, `tfdist.launch`, `tfdist.make_strategy` (a job without the launcher)",
 )
 STATUS_EVERY = Setting(
@@ -356,7 +357,8 @@ STATUS_EVERY = Setting(
     30,
     "seconds between two progress lines of `tfdist launch` (each training task's step, "
     "steps/s, the slowest task) when its output is not a terminal; on a terminal one status "
-    "line is updated in place; `0` turns both off",
+    "line is updated in place; `0` turns both off (and with TFDIST_STALL_TIMEOUT `0` too, the "
+    "tasks report no progress at all)",
     "`tfdist launch`, `tfdist.launch`",
 )
 PROFILE = Setting(

@@ -24,6 +24,9 @@ same thread watches for a stall by itself: a task in a fit whose step has not mo
 TFDIST_STALL_TIMEOUT seconds says so and writes the stack of each of its threads, once per stall
 (every task of a stuck job does, so their outputs show where each one is).
 
+Under a launcher that watches nothing (TFDIST_STALL_TIMEOUT and TFDIST_STATUS_EVERY both 0, or
+`tfdist.launch(quiet=True)`), no thread runs: the file gets the totals at the end of each fit.
+
 Nothing is written without TFDIST_REPORT_FILE, and a report that cannot be read or written costs
 nothing but the progress, the steps/s of the summary and the stacks (and a restart).
 """
@@ -238,8 +241,12 @@ def install(watch_stalls: bool = False, task: str = "") -> bool:
         if _INSTALLED:
             return True
         _INSTALLED = True
-    _REPORTER = reporter = _Reporter(path, stall_timeout, task)
-    reporter.start()
+    reporter = _Reporter(path, stall_timeout, task)
+    # Under the launcher, its TFDIST_STALL_TIMEOUT and TFDIST_STATUS_EVERY (what it watches,
+    # both 0 when it is quiet) say whether anyone reads the progress: if not, no thread runs.
+    if not path or settings.STALL_TIMEOUT.get() or settings.STATUS_EVERY.get():
+        _REPORTER = reporter
+        reporter.start()
     from tfdist import flavour
 
     callback_list = flavour.keras().callbacks.CallbackList

@@ -1,8 +1,10 @@
 """The launcher's progress lines and stall detection on a real 2-worker job (slow): a worker held
 up in a callback makes the job stall; the launcher names it, prints every task's stacks and lets
-the job finish."""
+the job finish. With both turned off, a task reports no progress: no thread of tfdist's runs in
+it, and the summary still counts its steps."""
 
 import io
+import re
 import textwrap
 
 import pytest
@@ -41,6 +43,8 @@ def test_a_held_up_worker_is_named_with_every_tasks_stacks_and_the_job_goes_on(
             model.compile("sgd", "mse")
         model.fit(x, x[:, :1], batch_size=64, epochs=1, verbose=0, callbacks=[HoldUp()])
         print("trained", int(model.optimizer.iterations.numpy()), flush=True)
+        import threading
+        print("reporter", any(t.name == "tfdist-progress" for t in threading.enumerate()))
     """)
     )
     monkeypatch.setenv("TFDIST_STALL_TIMEOUT", str(STALL))
@@ -50,6 +54,7 @@ def test_a_held_up_worker_is_named_with_every_tasks_stacks_and_the_job_goes_on(
     text = out.getvalue()
     assert codes == {"worker:0": 0, "worker:1": 0}, text
     assert "[worker:0] trained 30" in text and "[worker:1] trained 30" in text, text
+    assert "[worker:0] reporter True" in text, text
     stalls = [line for line in text.splitlines() if line.startswith("[tfdist] Stall:")]
     assert len(stalls) == 1, text  # once per stall
     assert f"No task has made a training step for {STALL} s: worker:0 at step" in stalls[0]
@@ -62,3 +67,32 @@ def test_a_held_up_worker_is_named_with_every_tasks_stacks_and_the_job_goes_on(
     progress = [line for line in text.splitlines() if line.startswith("[tfdist] step ")]
     assert progress and all("/30" in line for line in progress), text
     assert any("steps/s" in line for line in progress), text
+
+
+def test_with_progress_and_stalls_off_a_task_runs_no_reporter_and_still_counts_its_steps(
+    tmp_path, monkeypatch
+):
+    script = tmp_path / "quiet.py"
+    script.write_text(
+        textwrap.dedent("""
+        import threading
+        import numpy as np
+        import tfdist
+        strategy = tfdist.make_strategy()
+        keras = tfdist.flavour.keras()
+        x = np.zeros((64 * 5, 4), "float32")
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            model.compile("sgd", "mse")
+        model.fit(x, x[:, :1], batch_size=64, epochs=2, verbose=0)
+        print("reporter", any(t.name == "tfdist-progress" for t in threading.enumerate()))
+    """)
+    )
+    monkeypatch.setenv("TFDIST_STALL_TIMEOUT", "0")
+    monkeypatch.setenv("TFDIST_STATUS_EVERY", "0")
+    out = io.StringIO()
+    codes = launch(str(script), workers=1, out=out, timeout=120)
+    text = out.getvalue()
+    assert codes == {"worker:0": 0}, text
+    assert "[worker:0] reporter False" in text, text
+    assert re.search(r"\[tfdist\] worker:0 +exit 0 .* 10 steps, ", text), text

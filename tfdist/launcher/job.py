@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 import warnings
-from typing import Callable, Deque, List, Mapping, Optional, Sequence, TextIO
+from typing import Callable, Deque, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from tfdist import gpus as gpu_lib
 from tfdist import netns, settings
@@ -181,6 +181,7 @@ class _Task:
         namespace: Optional[netns.Namespace] = None,
         preload: bool = False,
         grace: float = GRACE_SECONDS,
+        watch: Tuple[float, float] = (0.0, 0.0),
     ):
         self.plan = plan
         self.output: Deque[str] = collections.deque(maxlen=KEPT_LINES)
@@ -194,6 +195,9 @@ class _Task:
             settings.REPORT_FILE.name,
             os.path.join(report_dir, plan.task.replace(":", "-") + ".json"),
         )
+        # What the launcher watches (its Monitor: stall timeout, seconds between progress
+        # lines): with neither, the task reports no progress (tfdist.training_report.install).
+        env[settings.STALL_TIMEOUT.name], env[settings.STATUS_EVERY.name] = map(repr, watch)
         # Its scratch files (tfdist.scratch), removed by its keeper once it has ended.
         scratch = os.path.join(report_dir, plan.task.replace(":", "-") + ".tmp")
         os.mkdir(scratch)
@@ -435,7 +439,18 @@ def run_job(
     try:
         for plan in plans:
             tasks.append(
-                _Task(plan, console, log_dir, quiet, report_dir, verbose, namespace, preload, grace)
+                _Task(
+                    plan,
+                    console,
+                    log_dir,
+                    quiet,
+                    report_dir,
+                    verbose,
+                    namespace,
+                    preload,
+                    grace,
+                    watch=(0.0, 0.0) if quiet else (stall_timeout, every),
+                )
             )
         monitor = (
             None if quiet else Monitor(tasks, console, stall_timeout, every, now=time.monotonic())
