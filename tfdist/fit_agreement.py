@@ -1,16 +1,21 @@
-"""Before each fit under multi_worker_mirrored, the workers check that they train the same thing.
+"""Under multi_worker_mirrored, the workers check that they train the same thing.
 
 Workers whose models differ (a layer of another size, a variable more or fewer), or whose fits
 differ in epochs or in steps per epoch (a worker with fewer batches), otherwise fail at their
 first collective that differs, with TensorFlow's text only ("Shape mismatch in the collective
 instance 100 ... [4,32] ... [4,16]", "Collective instance 129 expected type 0 and data_type
-9 ..."), or hang at the end of the shorter epoch. So at the start of every fit (Keras 3's and
-tf_keras', `CallbackList.on_train_begin`, after the callbacks' own: a restored backup counts),
-each worker writes what it is about to train into the coordination service's key-value store
-(`Plan`: the shapes and dtypes of the model's variables, in order, with their names; epochs
-and steps per epoch) and reads every other worker's, within TFDIST_STARTUP_TIMEOUT
-seconds. A difference is a ValueError on every worker that names the workers and the
-difference, before any step; a worker that does not reach its fit in time is named too.
+9 ..."), or hang at the end of the shorter epoch. Two checks name the difference instead, each
+through the coordination service's key-value store, each peer read within
+TFDIST_STARTUP_TIMEOUT seconds (a worker that is not there in time is named too):
+
+- each variable made in the strategy's scope, before the chief broadcasts its initial value
+  (`check_variable`, called by the fix `multi_worker_differing_variables_named` of
+  tfdist.fixes.tensorflow): its shape and dtype on every worker. A model built differently
+  is a ValueError while it is built, and the strategy stays usable;
+- at the start of every fit (Keras 3's and tf_keras', `CallbackList.on_train_begin`, after
+  the callbacks' own: a restored backup counts): what each worker is about to train (`Plan`:
+  the shapes and dtypes of the model's variables, in order, with their names; epochs and steps
+  per epoch). A difference is a ValueError on every worker, before any step.
 
 `install()` is called by `make_strategy` for a multi_worker_mirrored job of several workers; a
 fit of a model made outside the strategy's scope (one device) is not checked.
@@ -21,13 +26,14 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from tfdist import flavour, settings, task
 
-__all__ = ["Plan", "difference", "install"]
+__all__ = ["Plan", "check_variable", "difference", "exchange", "install", "variable_difference"]
 
 _PREFIX = "tfdist/fit"
+_VARIABLES = "tfdist/variable"
 _POLL_MS = 1000
 _LOCK = threading.Lock()
 _STATE = {"installed": False, "fits": 0}
@@ -86,11 +92,94 @@ def difference(plans: List[dict], names: List[str]) -> Optional[str]:
     return None
 
 
+_MODEL_HINT = (
+    "HINT: every worker must build the same model in strategy.scope(): the same layers, of "
+    "the same sizes and dtypes, in the same order (read the sizes from the same files or "
+    "flags on every worker, not from the task index)."
+)
+
 _HINT = (
     "HINT: every worker must build the same model and fit it with the same epochs and the same "
     "number of batches per epoch: give each worker its shard of one dataset (Keras shards a "
     "tf.data.Dataset by itself), or the same steps_per_epoch."
 )
+
+
+def exchange(key: str, value, names: List[str], me: str, late: Callable) -> list:
+    """Writes `value` (JSON) for task `me` under `key` in the coordination service's key-value
+    store and returns every task's of `names`, in their order, read within
+    TFDIST_STARTUP_TIMEOUT seconds each; `late(name, timeout)` is the error raised for a task
+    that did not write its own in time."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    ctx.set_config_key_value(f"{key}/{me}", json.dumps(value))
+    timeout = settings.STARTUP_TIMEOUT.get()
+    values = []
+    for name in names:
+        if name == me:
+            values.append(value)
+            continue
+        waited = 0.0
+        while True:
+            try:
+                values.append(json.loads(ctx.get_config_key_value(f"{key}/{name}", _POLL_MS)))
+                break
+            except tf.errors.DeadlineExceededError:
+                waited += _POLL_MS / 1000
+                if waited >= timeout:
+                    raise late(name, timeout) from None
+    return values
+
+
+def variable_difference(records: List[list], names: List[str], number: int) -> Optional[str]:
+    """What differs between the tasks `names`' records [name, shape, dtype] of the variable
+    `number` they make (in the same order), or None. A pure function."""
+    groups: dict = {}
+    for record, name in zip(records, names):
+        groups.setdefault((json.dumps(record[1]), record[2]), []).append((name, record[0]))
+    if len(groups) < 2:
+        return None
+    said = [
+        f"{made[0][1]} {shape} {dtype} on {_and([task for task, _ in made])}"
+        for (shape, dtype), made in groups.items()
+    ]
+    return (
+        f"variable number {number} made in the strategy's scope is "
+        + ", ".join(said[:-1])
+        + f", but {said[-1]}"
+    )
+
+
+def _and(names: List[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def check_variable(names: List[str], me: str, number: int, record: list) -> None:
+    """Before task `me` of the multi_worker_mirrored workers `names` makes variable `number`
+    (from 1, counted in its strategy), whose [name, shape, dtype] is `record`: the same on
+    every worker, or a ValueError naming the workers and the shapes; a worker that does not
+    make that variable within TFDIST_STARTUP_TIMEOUT seconds is named in a RuntimeError."""
+    records = exchange(
+        f"{_VARIABLES}/{number}",
+        record,
+        names,
+        me,
+        lambda name, timeout: RuntimeError(
+            f"{name} did not make variable number {number} in the strategy's scope "
+            f"({record[0]} {record[1]} {record[2]} on {me}) within {timeout:g} s "
+            f"(TFDIST_STARTUP_TIMEOUT): it builds a model with fewer variables, or does "
+            f"something else. {_MODEL_HINT} Look at the output of {name} for where it is."
+        ),
+    )
+    found = variable_difference(records, names, number)
+    if found:
+        raise ValueError(
+            "The workers of this multi_worker_mirrored job build different models, so their "
+            f"variables cannot start from the chief's values: {found}. Seen on {me}, before "
+            f"the broadcast of that variable. {_MODEL_HINT}"
+        )
 
 
 def _multi_worker(model) -> bool:
@@ -103,9 +192,6 @@ def _multi_worker(model) -> bool:
 
 
 def _check(callbacks) -> None:
-    import tensorflow as tf
-    from tensorflow.python.eager import context
-
     here = task.current()
     cluster = here.cluster
     if here.strategy != "multi_worker_mirrored" or cluster.num_workers < 2:
@@ -124,30 +210,17 @@ def _check(callbacks) -> None:
     with _LOCK:
         _STATE["fits"] += 1
         fit = _STATE["fits"]
-    ctx = context.context()
-    ctx.set_config_key_value(f"{_PREFIX}/{fit}/{me}", json.dumps(plan))
-    timeout = settings.STARTUP_TIMEOUT.get()
-    plans: List[dict] = []
-    for name in names:
-        if name == me:
-            plans.append(plan)
-            continue
-        waited = 0.0
-        while True:
-            try:
-                plans.append(
-                    json.loads(ctx.get_config_key_value(f"{_PREFIX}/{fit}/{name}", _POLL_MS))
-                )
-                break
-            except tf.errors.DeadlineExceededError:
-                waited += _POLL_MS / 1000
-                if waited >= timeout:
-                    raise RuntimeError(
-                        f"{name} did not start fit number {fit} of this job within "
-                        f"{timeout:g} s of {me} (TFDIST_STARTUP_TIMEOUT). HINT: every worker "
-                        f"must call fit as often as the others; look at the output of {name} "
-                        "for where it is."
-                    ) from None
+    plans = exchange(
+        f"{_PREFIX}/{fit}",
+        plan,
+        names,
+        me,
+        lambda name, timeout: RuntimeError(
+            f"{name} did not start fit number {fit} of this job within {timeout:g} s of {me} "
+            f"(TFDIST_STARTUP_TIMEOUT). HINT: every worker must call fit as often as the "
+            f"others; look at the output of {name} for where it is."
+        ),
+    )
     found = difference(plans, names)
     if found:
         raise ValueError(

@@ -1,9 +1,12 @@
-"""Workers of a multi_worker_mirrored job that would fit differently are stopped before the first
-step, every one of them with the same message naming the workers and the difference (a real
-3-worker job, slow); then the job trains on. The plans' comparison itself:
-tests/unit/test_fit_agreement.py."""
+"""Workers of a multi_worker_mirrored job that build different models are stopped while they build
+them, and workers that would fit differently before the first step, every one of them with the
+same message naming the workers and the difference (a real 3-worker job, slow); then the job
+trains on. The comparisons themselves:
+tests/unit/test_fit_agreement.py; 2 workers: the proof of the fix
+`multi_worker_differing_variables_named` (tests/cluster/test_each_fix.py)."""
 
 import io
+import re
 import textwrap
 
 import pytest
@@ -13,7 +16,7 @@ from tfdist.launcher import launch
 pytestmark = pytest.mark.slow
 
 
-def test_workers_with_other_steps_or_epochs_are_told_which_and_the_job_goes_on(tmp_path):
+def test_workers_with_other_models_steps_or_epochs_are_told_which_and_the_job_goes_on(tmp_path):
     script = tmp_path / "differ.py"
     script.write_text(
         textwrap.dedent("""
@@ -23,9 +26,19 @@ def test_workers_with_other_steps_or_epochs_are_told_which_and_the_job_goes_on(t
         keras = tfdist.flavour.keras()
         me = tfdist.detect_cluster().task_index
         x = np.random.RandomState(0).rand(64 * 6, 4).astype("float32")
-        with strategy.scope():
-            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-            model.compile("sgd", "mse")
+
+        def build(*units):
+            with strategy.scope():
+                layers = [keras.layers.Dense(n) for n in units]
+                model = keras.Sequential([keras.Input((4,)), *layers])
+                model.compile("sgd", "mse")
+            return model
+
+        try:
+            build(2 if me == 2 else 1)  # worker 2 builds a wider layer
+        except ValueError as err:
+            print("refused:", err, flush=True)
+        model = build(1)
 
         def fit(rows, epochs):
             try:
@@ -37,6 +50,13 @@ def test_workers_with_other_steps_or_epochs_are_told_which_and_the_job_goes_on(t
         fit(6 * 64, 2 if me == 1 else 1)  # worker 1 asks for 2 epochs
         fit(6 * 64, 1)
         print("trained", int(model.optimizer.iterations.numpy()), flush=True)
+        try:
+            build(1, 1) if me == 2 else build(1)  # worker 2 builds a layer more
+        except ValueError as err:
+            print("refused:", err, flush=True)
+        model = build(1)
+        fit(6 * 64, 1)
+        print("trained", int(model.optimizer.iterations.numpy()), flush=True)
     """)
     )
     out = io.StringIO()
@@ -46,12 +66,25 @@ def test_workers_with_other_steps_or_epochs_are_told_which_and_the_job_goes_on(t
     for worker in range(3):
         task = f"worker:{worker}"
         refused = [line for line in text.splitlines() if line.startswith(f"[{task}] refused:")]
-        assert len(refused) == 2, text
+        assert len(refused) == 4, text
+        assert (
+            "build different models, so their variables cannot start from the chief's values: "
+            "variable number 1 made in the strategy's scope is kernel [4, 1] float32 on worker:0 "
+            "and worker:1, but kernel [4, 2] float32 on worker:2. Seen on " + task in refused[0]
+        ), refused
+        assert "HINT: every worker must build the same model" in refused[0], refused
         assert (
             "do not train the same thing, so their collectives cannot agree: the fits differ in "
             "steps per epoch: 6 on worker:0, 4 on worker:2. Seen on " + task + ", before the "
-            "first step of fit number 1." in refused[0]
+            "first step of fit number 1." in refused[1]
         ), refused
-        assert "the fits differ in epochs: 1 on worker:0, 2 on worker:1" in refused[1], refused
-        assert "fit number 2" in refused[1] and "HINT" in refused[1], refused
+        assert "the fits differ in epochs: 1 on worker:0, 2 on worker:1" in refused[2], refused
+        assert "fit number 2" in refused[2] and "HINT" in refused[2], refused
         assert f"[{task}] trained 6" in text, text
+        # a layer more on worker 2: its kernel meets the others' optimizer step counter
+        assert re.search(
+            r"variable number \d+ made in the strategy's scope is iteration \[\] int64 on "
+            r"worker:0 and worker:1, but kernel \[1, 1\] float32 on worker:2",
+            refused[3],
+        ), refused
+        assert text.count(f"[{task}] trained 6") == 2, text

@@ -443,6 +443,34 @@ def _the_chiefs_value_everywhere(values) -> Optional[str]:
     return f"not the chief's initial value on every worker: {wrong}" if wrong else None
 
 
+def differing_variable(strategy):
+    """A variable of another shape on worker 1 made in the scope, then one alike on both: what
+    each worker was told, and the chief's value of the second (the strategy still works)."""
+    tf = _tf()
+    task = strategy.cluster_resolver.task_id
+    told = None
+    with strategy.scope():
+        try:
+            tf.Variable(tf.zeros([4, 16 if task == 1 else 32]), name="narrower")
+        except ValueError as err:
+            told = str(err)
+        after = tf.Variable(tf.fill([2], float(task + 1)), name="after")
+    return {"task": task, "told": told, "after": [float(v) for v in after.numpy()]}
+
+
+def _each_worker_told_the_shapes(values) -> Optional[str]:
+    wanted = (
+        "variable number 1 made in the strategy's scope is narrower [4, 32] float32 on "
+        "worker:0, but narrower [4, 16] float32 on worker:1"
+    )
+    for v in values:
+        if not v["told"] or wanted not in v["told"]:
+            return f"worker:{v['task']} was not told {wanted!r}: {v['told']!r}"
+        if v["after"] != [1.0, 1.0]:
+            return f"worker:{v['task']} has {v['after']} after it, not the chief's [1.0, 1.0]"
+    return None
+
+
 def fit_datasets_from_function(strategy):
     """model.fit / evaluate of `strategy.distribute_datasets_from_function(...)`: the losses."""
     tf, k = _tf(), _keras()
@@ -943,6 +971,16 @@ _PROOFS = [
         unsigned_variable,
         _the_chiefs_value_everywhere,
         ("Value for attr 'T' of uint32 is not in the list of allowed values",),
+    ),
+    Proof(
+        "multi_worker_differing_variables_named",
+        MULTI_WORKER,
+        "a variable of shape [4, 16] on worker:1 and [4, 32] on worker:0: a ValueError naming "
+        'both on both, and the strategy goes on (upstream: "Shape mismatch in the collective '
+        'instance", then every collective aborted)',
+        differing_variable,
+        _each_worker_told_the_shapes,
+        ("Shape mismatch in the collective instance", "Collective ops is aborted"),
     ),
     Proof(
         "multi_worker_all_reduce_compressed_in_pieces",

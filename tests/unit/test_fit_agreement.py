@@ -1,8 +1,9 @@
-"""How the workers' fit plans are compared (tfdist.fit_agreement.difference), a pure function. A
-real job: tests/cluster/test_differing_workers.py."""
+"""How the workers' fit plans and variables are compared (tfdist.fit_agreement.difference and
+variable_difference), pure functions. A real job: tests/cluster/test_differing_workers.py."""
 
 import pytest
 
+from tfdist import fit_agreement
 from tfdist.fit_agreement import difference
 
 NAMES = ["chief:0", "worker:0", "worker:1"]
@@ -51,3 +52,23 @@ def test_the_first_difference_names_both_tasks(other, expected):
 def test_unknown_steps_on_every_worker_are_the_same_steps():
     plans = [_plan([4], steps=None), _plan([4], steps=None), _plan([4], steps=None)]
     assert difference(plans, NAMES) is None
+
+
+def test_a_variable_alike_on_every_worker_differs_in_nothing_whatever_it_is_called():
+    records = [["kernel", [4, 32], "float32"], ["dense_7/kernel", [4, 32], "float32"]]
+    assert fit_agreement.variable_difference(records, ["worker:0", "worker:1"], 3) is None
+
+
+def test_a_variable_that_differs_names_the_workers_of_each_shape_and_dtype():
+    records = [
+        ["kernel", [4, 32], "float32"],
+        ["kernel", [4, 16], "float32"],
+        ["kernel", [4, 32], "float32"],
+        ["kernel", [4, 32], "float16"],
+    ]
+    names = ["chief:0", "worker:0", "worker:1", "worker:2"]
+    assert fit_agreement.variable_difference(records, names, 5) == (
+        "variable number 5 made in the strategy's scope is kernel [4, 32] float32 on chief:0 "
+        "and worker:1, kernel [4, 16] float32 on worker:0, but kernel [4, 32] float16 on "
+        "worker:2"
+    )

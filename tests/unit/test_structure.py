@@ -171,9 +171,10 @@ LAYERS = {
     "tfdist.cluster": BASE,
     "tfdist.task": BASE | _rooms("cluster"),
     # -> strategy, with the fixes it applies and the training report it installs
-    "tfdist.fixes": CLUSTER,
-    "tfdist.training_report": BASE,
     "tfdist.fit_agreement": CLUSTER,
+    # (a fix of the variables' broadcast asks the workers' agreement before each one)
+    "tfdist.fixes": CLUSTER | _rooms("fit_agreement"),
+    "tfdist.training_report": BASE,
     "tfdist.profiler": BASE,
     "tfdist.strategy": CLUSTER | _rooms("fit_agreement", "fixes", "profiler", "training_report"),
     # -> precision policy, data

@@ -86,4 +86,90 @@ def _fix_unsigned_broadcast():
     cls._get_variable_creator_initial_value = _get_variable_creator_initial_value
 
 
-FIXES = (UNSIGNED_BROADCAST,)
+DIFFERING_VARIABLES = Fix(
+    name="multi_worker_differing_variables_named",
+    summary=(
+        "MultiWorkerMirroredStrategy broadcasts each new variable's initial value from the "
+        "chief without checking that every worker makes a variable of the same shape and dtype."
+    ),
+    upstream="none found",
+    strategies=("multi_worker_mirrored",),
+    consequence=(
+        "workers that build different models (a layer of another size) fail while they build it "
+        "with TensorFlow's \"Shape mismatch in the collective instance 100 ... expected shape "
+        '[4,16] but another member in the group expected shape [4,32]" on one worker and, '
+        'seconds later, "The following tasks are unhealthy" on the others; the strategy is '
+        "unusable after it."
+    ),
+    library="tensorflow",
+)
+
+
+@DIFFERING_VARIABLES.variant(
+    "2.16",
+    targets=[
+        Target(
+            "tensorflow.python.distribute.collective_all_reduce_strategy:"
+            "CollectiveAllReduceExtended._get_variable_creator_initial_value",
+            ("self", "replica_id", "device", "primary_var"),
+        ),
+        "tensorflow.python.trackable.base:CheckpointInitialValue",
+    ],
+)
+def _fix_differing_variables():
+    # The initial value the chief broadcasts (CollectiveAllReduceExtended.
+    # _get_variable_creator_initial_value) is computed first, then its shape and dtype are
+    # exchanged through the coordination service (tfdist.fit_agreement.check_variable): one
+    # write and one read per peer per variable, before the broadcast, so a difference is a
+    # ValueError on every worker and no collective of mismatched shapes runs. The workers are
+    # the extended's own (_cluster_spec, _task_type, _task_id, _num_workers); where they
+    # cannot be read, or on one worker, the broadcast is as upstream.
+    import tensorflow as tf
+    from tensorflow.python.distribute import collective_all_reduce_strategy as mwms
+    from tensorflow.python.trackable import base
+
+    cls = mwms.CollectiveAllReduceExtended
+    original = cls._get_variable_creator_initial_value
+
+    def _get_variable_creator_initial_value(self, replica_id, device, primary_var, **kwargs):
+        workers = _workers(self) if replica_id == 0 else None
+        if not workers:
+            return original(self, replica_id, device, primary_var, **kwargs)
+        names, me = workers
+        value, dtype = kwargs["initial_value"], kwargs.get("dtype")
+        name = str(kwargs.get("name") or "Variable")
+
+        def checked():
+            from tfdist import fit_agreement
+
+            v = value() if callable(value) else value
+            if isinstance(v, base.CheckpointInitialValue):
+                v = v.wrapped_value
+            v = tf.convert_to_tensor(v, dtype=dtype)
+            self._tfdist_variables = number = getattr(self, "_tfdist_variables", 0) + 1
+            shape = None if v.shape.rank is None else v.shape.as_list()
+            fit_agreement.check_variable(names, me, number, [name, shape, v.dtype.name])
+            return v
+
+        return original(
+            self, replica_id, device, primary_var, **{**kwargs, "initial_value": checked}
+        )
+
+    cls._get_variable_creator_initial_value = _get_variable_creator_initial_value
+
+
+def _workers(extended):
+    """(the names of the workers that broadcast, this task's) of a CollectiveAllReduceExtended
+    over several workers, else None."""
+    spec, kind, index = (
+        getattr(extended, a, None) for a in ("_cluster_spec", "_task_type", "_task_id")
+    )
+    if getattr(extended, "_num_workers", 1) < 2 or spec is None or kind is None:
+        return None
+    jobs = spec.as_dict() if hasattr(spec, "as_dict") else dict(spec)
+    names = [f"{job}:{i}" for job in ("chief", "worker") for i in range(len(jobs.get(job, ())))]
+    me = f"{kind}:{index}"
+    return (names, me) if me in names else None
+
+
+FIXES = (UNSIGNED_BROADCAST, DIFFERING_VARIABLES)
