@@ -22,6 +22,31 @@ COORDINATION_CONFIG = Internal(
 INTERNALS = (COORDINATION_CONFIG,)
 
 
+# Both fixes below wrap the initial value that the chief broadcasts to the other workers
+# (CollectiveAllReduceExtended._get_variable_creator_initial_value), which may be a callable
+# and may wrap a CheckpointInitialValue (see _initial_value).
+_BROADCAST_TARGETS = (
+    Target(
+        "tensorflow.python.distribute.collective_all_reduce_strategy:"
+        "CollectiveAllReduceExtended._get_variable_creator_initial_value",
+        ("self", "replica_id", "device", "primary_var"),
+    ),
+    "tensorflow.python.trackable.base:CheckpointInitialValue",
+)
+
+
+def _initial_value(value, dtype):
+    """The tensor a variable's initial value (a value or a callable, perhaps wrapping a
+    CheckpointInitialValue) stands for, as `dtype` when given."""
+    import tensorflow as tf
+    from tensorflow.python.trackable import base
+
+    v = value() if callable(value) else value
+    if isinstance(v, base.CheckpointInitialValue):
+        v = v.wrapped_value
+    return tf.convert_to_tensor(v, dtype=dtype)
+
+
 UNSIGNED_BROADCAST = Fix(
     name="unsigned_variables_under_multi_worker",
     summary=(
@@ -41,14 +66,7 @@ UNSIGNED_BROADCAST = Fix(
 
 @UNSIGNED_BROADCAST.variant(
     "2.16",
-    targets=[
-        Target(
-            "tensorflow.python.distribute.collective_all_reduce_strategy:"
-            "CollectiveAllReduceExtended._get_variable_creator_initial_value",
-            ("self", "replica_id", "device", "primary_var"),
-        ),
-        "tensorflow.python.trackable.base:CheckpointInitialValue",
-    ],
+    targets=_BROADCAST_TARGETS,
 )
 def _fix_unsigned_broadcast():
     # CollectiveAllReduceExtended._get_variable_creator_initial_value
@@ -58,7 +76,6 @@ def _fix_unsigned_broadcast():
     # casts it back: the same bits for every value the type holds. Other dtypes: unchanged.
     import tensorflow as tf
     from tensorflow.python.distribute import collective_all_reduce_strategy as mwms
-    from tensorflow.python.trackable import base
 
     cls = mwms.CollectiveAllReduceExtended
     original = cls._get_variable_creator_initial_value
@@ -72,10 +89,7 @@ def _fix_unsigned_broadcast():
         value = kwargs["initial_value"]
 
         def as_int64():
-            v = value() if callable(value) else value
-            if isinstance(v, base.CheckpointInitialValue):
-                v = v.wrapped_value
-            return tf.cast(tf.convert_to_tensor(v, dtype=dtype), tf.int64)
+            return tf.cast(_initial_value(value, dtype), tf.int64)
 
         broadcast = original(
             self, replica_id, device, primary_var, **{**kwargs, "initial_value": as_int64,
@@ -107,14 +121,7 @@ DIFFERING_VARIABLES = Fix(
 
 @DIFFERING_VARIABLES.variant(
     "2.16",
-    targets=[
-        Target(
-            "tensorflow.python.distribute.collective_all_reduce_strategy:"
-            "CollectiveAllReduceExtended._get_variable_creator_initial_value",
-            ("self", "replica_id", "device", "primary_var"),
-        ),
-        "tensorflow.python.trackable.base:CheckpointInitialValue",
-    ],
+    targets=_BROADCAST_TARGETS,
 )
 def _fix_differing_variables():
     # The initial value the chief broadcasts (CollectiveAllReduceExtended.
@@ -124,9 +131,7 @@ def _fix_differing_variables():
     # ValueError on every worker and no collective of mismatched shapes runs. The workers are
     # the extended's own (_cluster_spec, _task_type, _task_id, _num_workers); where they
     # cannot be read, or on one worker, the broadcast is as upstream.
-    import tensorflow as tf
     from tensorflow.python.distribute import collective_all_reduce_strategy as mwms
-    from tensorflow.python.trackable import base
 
     cls = mwms.CollectiveAllReduceExtended
     original = cls._get_variable_creator_initial_value
@@ -142,10 +147,7 @@ def _fix_differing_variables():
         def checked():
             from tfdist import fit_agreement
 
-            v = value() if callable(value) else value
-            if isinstance(v, base.CheckpointInitialValue):
-                v = v.wrapped_value
-            v = tf.convert_to_tensor(v, dtype=dtype)
+            v = _initial_value(value, dtype)
             self._tfdist_variables = number = getattr(self, "_tfdist_variables", 0) + 1
             shape = None if v.shape.rank is None else v.shape.as_list()
             fit_agreement.check_variable(names, me, number, [name, shape, v.dtype.name])
