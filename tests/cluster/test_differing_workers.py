@@ -1,7 +1,8 @@
 """Workers of a multi_worker_mirrored job that build different models are stopped while they build
 them, and workers that would fit differently before the first step, every one of them with the
 same message naming the workers and the difference (a real 3-worker job, slow); then the job
-trains on. The comparisons themselves:
+trains on. A worker that makes a variable the others never make is told which worker did not,
+within TFDIST_STARTUP_TIMEOUT. The comparisons themselves:
 tests/unit/test_fit_agreement.py; 2 workers: the proof of the fix
 `multi_worker_differing_variables_named` (tests/cluster/test_each_fix.py)."""
 
@@ -20,6 +21,7 @@ def test_workers_with_other_models_steps_or_epochs_are_told_which_and_the_job_go
     script = tmp_path / "differ.py"
     script.write_text(
         textwrap.dedent("""
+        import os
         import numpy as np
         import tfdist
         strategy = tfdist.make_strategy()
@@ -57,6 +59,12 @@ def test_workers_with_other_models_steps_or_epochs_are_told_which_and_the_job_go
         model = build(1)
         fit(6 * 64, 1)
         print("trained", int(model.optimizer.iterations.numpy()), flush=True)
+        os.environ["TFDIST_STARTUP_TIMEOUT"] = "5"
+        if me == 2:  # worker 2 alone builds a model more: the others make no variable
+            try:
+                build(1)
+            except RuntimeError as err:
+                print("late:", err, flush=True)
     """)
     )
     out = io.StringIO()
@@ -88,3 +96,6 @@ def test_workers_with_other_models_steps_or_epochs_are_told_which_and_the_job_go
             refused[3],
         ), refused
         assert text.count(f"[{task}] trained 6") == 2, text
+    late = [line for line in text.splitlines() if "late:" in line]
+    assert len(late) == 1 and late[0].startswith("[worker:2] late: worker:0 did not make "), late
+    assert "in the strategy's scope (kernel [4, 1] float32 on worker:2) within 5 s" in late[0]
