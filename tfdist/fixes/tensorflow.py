@@ -130,7 +130,10 @@ def _fix_differing_variables():
     # write and one read per peer per variable, before the broadcast, so a difference is a
     # ValueError on every worker and no collective of mismatched shapes runs. The workers are
     # the extended's own (_cluster_spec, _task_type, _task_id, _num_workers); where they
-    # cannot be read, or on one worker, the broadcast is as upstream.
+    # cannot be read, or on one worker, the broadcast is as upstream. The value is computed
+    # and checked before upstream's function runs, since that takes the broadcast's
+    # collective instance key first: a worker refused alone (a peer that never makes the
+    # variable) keeps its later collectives, e.g. the exit barrier, in step with its peers.
     from tensorflow.python.distribute import collective_all_reduce_strategy as mwms
 
     cls = mwms.CollectiveAllReduceExtended
@@ -144,18 +147,24 @@ def _fix_differing_variables():
         value, dtype = kwargs["initial_value"], kwargs.get("dtype")
         name = str(kwargs.get("name") or "Variable")
 
+        computed = [None]
+        kwargs = {**kwargs, "initial_value": lambda: computed[0]}
+        broadcast = original(self, replica_id, device, primary_var, **kwargs)
+
         def checked():
+            import tensorflow as tf
+
             from tfdist import fit_agreement
 
-            v = _initial_value(value, dtype)
+            with tf.device(device):
+                v = _initial_value(value, dtype)
             self._tfdist_variables = number = getattr(self, "_tfdist_variables", 0) + 1
             shape = None if v.shape.rank is None else v.shape.as_list()
             fit_agreement.check_variable(names, me, number, [name, shape, v.dtype.name])
-            return v
+            computed[0] = v
+            return broadcast()  # takes the broadcast's collective key only now
 
-        return original(
-            self, replica_id, device, primary_var, **{**kwargs, "initial_value": checked}
-        )
+        return checked
 
     cls._get_variable_creator_initial_value = _get_variable_creator_initial_value
 
