@@ -1,6 +1,6 @@
 """Workers of a multi_worker_mirrored job that build different models are stopped while they build
 them, and workers that would fit differently before the first step, every one of them with the
-same message naming the workers and the difference (a real 3-worker job, slow); then the job
+same message naming the workers and the difference (real 2- and 3-worker jobs); then the job
 trains on. A worker that makes a variable the others never make is told which worker did not,
 within TFDIST_STARTUP_TIMEOUT. The comparisons themselves:
 tests/unit/test_fit_agreement.py; 2 workers: the proof of the fix
@@ -17,7 +17,10 @@ from tfdist.launcher import launch
 pytestmark = pytest.mark.slow
 
 
-def test_workers_with_other_models_steps_or_epochs_are_told_which_and_the_job_goes_on(tmp_path):
+@pytest.mark.parametrize("workers", [2, 3])
+def test_workers_with_other_models_steps_or_epochs_are_told_which_and_the_job_goes_on(
+    tmp_path, workers
+):
     script = tmp_path / "differ.py"
     script.write_text(
         textwrap.dedent("""
@@ -26,7 +29,8 @@ def test_workers_with_other_models_steps_or_epochs_are_told_which_and_the_job_go
         import tfdist
         strategy = tfdist.make_strategy()
         keras = tfdist.flavour.keras()
-        me = tfdist.detect_cluster().task_index
+        cluster = tfdist.detect_cluster()
+        me, last = cluster.task_index, cluster.num_workers - 1
         x = np.random.RandomState(0).rand(64 * 6, 4).astype("float32")
 
         def build(*units):
@@ -37,7 +41,7 @@ def test_workers_with_other_models_steps_or_epochs_are_told_which_and_the_job_go
             return model
 
         try:
-            build(2 if me == 2 else 1)  # worker 2 builds a wider layer
+            build(2 if me == last else 1)  # the last worker builds a wider layer
         except ValueError as err:
             print("refused:", err, flush=True)
         model = build(1)
@@ -48,19 +52,19 @@ def test_workers_with_other_models_steps_or_epochs_are_told_which_and_the_job_go
             except ValueError as err:
                 print("refused:", err, flush=True)
 
-        fit(4 * 64 if me == 2 else 6 * 64, 1)  # worker 2 has 4 batches, the others 6
+        fit(4 * 64 if me == last else 6 * 64, 1)  # the last worker has 4 batches, the others 6
         fit(6 * 64, 2 if me == 1 else 1)  # worker 1 asks for 2 epochs
         fit(6 * 64, 1)
         print("trained", int(model.optimizer.iterations.numpy()), flush=True)
         try:
-            build(1, 1) if me == 2 else build(1)  # worker 2 builds a layer more
+            build(1, 1) if me == last else build(1)  # the last worker builds a layer more
         except ValueError as err:
             print("refused:", err, flush=True)
         model = build(1)
         fit(6 * 64, 1)
         print("trained", int(model.optimizer.iterations.numpy()), flush=True)
         os.environ["TFDIST_STARTUP_TIMEOUT"] = "5"
-        if me == 2:  # worker 2 alone builds a model more: the others make no variable
+        if me == last:  # the last worker alone builds a model more: the others make no variable
             try:
                 build(1)
             except RuntimeError as err:
@@ -68,34 +72,36 @@ def test_workers_with_other_models_steps_or_epochs_are_told_which_and_the_job_go
     """)
     )
     out = io.StringIO()
-    codes = launch(str(script), workers=3, out=out, timeout=240)
+    codes = launch(str(script), workers=workers, out=out, timeout=240)
     text = out.getvalue()
-    assert codes == {"worker:0": 0, "worker:1": 0, "worker:2": 0}, text
-    for worker in range(3):
+    assert codes == {f"worker:{i}": 0 for i in range(workers)}, text
+    last = f"worker:{workers - 1}"
+    alike = "worker:0 and worker:1" if workers == 3 else "worker:0"
+    for worker in range(workers):
         task = f"worker:{worker}"
         refused = [line for line in text.splitlines() if line.startswith(f"[{task}] refused:")]
         assert len(refused) == 4, text
         assert (
             "build different models, so their variables cannot start from the chief's values: "
-            "variable number 1 made in the strategy's scope is kernel [4, 1] float32 on worker:0 "
-            "and worker:1, but kernel [4, 2] float32 on worker:2. Seen on " + task in refused[0]
+            f"variable number 1 made in the strategy's scope is kernel [4, 1] float32 on {alike}, "
+            f"but kernel [4, 2] float32 on {last}. Seen on {task}" in refused[0]
         ), refused
         assert "HINT: every worker must build the same model" in refused[0], refused
         assert (
             "do not train the same thing, so their collectives cannot agree: the fits differ in "
-            "steps per epoch: 6 on worker:0, 4 on worker:2. Seen on " + task + ", before the "
-            "first step of fit number 1." in refused[1]
+            f"steps per epoch: 6 on worker:0, 4 on {last}. Seen on {task}, before the first step "
+            "of fit number 1." in refused[1]
         ), refused
         assert "the fits differ in epochs: 1 on worker:0, 2 on worker:1" in refused[2], refused
         assert "fit number 2" in refused[2] and "HINT" in refused[2], refused
         assert f"[{task}] trained 6" in text, text
-        # a layer more on worker 2: its kernel meets the others' optimizer step counter
+        # a layer more on the last worker: its kernel meets the others' optimizer step counter
         assert re.search(
             r"variable number \d+ made in the strategy's scope is iteration \[\] int64 on "
-            r"worker:0 and worker:1, but kernel \[1, 1\] float32 on worker:2",
+            rf"{alike}, but kernel \[1, 1\] float32 on {last}",
             refused[3],
         ), refused
         assert text.count(f"[{task}] trained 6") == 2, text
     late = [line for line in text.splitlines() if "late:" in line]
-    assert len(late) == 1 and late[0].startswith("[worker:2] late: worker:0 did not make "), late
-    assert "in the strategy's scope (kernel [4, 1] float32 on worker:2) within 5 s" in late[0]
+    assert len(late) == 1 and late[0].startswith(f"[{last}] late: worker:0 did not make "), late
+    assert f"in the strategy's scope (kernel [4, 1] float32 on {last}) within 5 s" in late[0]
