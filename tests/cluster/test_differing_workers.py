@@ -1,10 +1,10 @@
 """Workers of a multi_worker_mirrored job that build different models are stopped while they build
-them, and workers that would fit differently before the first step, every one of them with the
-same message naming the workers and the difference (real 2- and 3-worker jobs); then the job
-trains on. A worker that makes a variable the others never make is told which worker did not,
-within TFDIST_STARTUP_TIMEOUT. The comparisons themselves:
-tests/unit/test_fit_agreement.py; 2 workers: the proof of the fix
-`multi_worker_differing_variables_named` (tests/cluster/test_each_fix.py)."""
+them, and workers that would fit differently before the first step (arrays or tf.data datasets
+of fewer batches, another steps_per_epoch, more epochs), every one of them with the same message
+naming the workers and the difference (real 2- and 3-worker jobs); then the job trains on. A
+worker that makes a variable the others never make is told which worker did not, within
+TFDIST_STARTUP_TIMEOUT. The comparisons themselves: tests/unit/test_fit_agreement.py; 2 workers:
+the proof of the fix `multi_worker_differing_variables_named` (tests/cluster/test_each_fix.py)."""
 
 import io
 import re
@@ -26,6 +26,7 @@ def test_workers_with_other_models_steps_or_epochs_are_told_which_and_the_job_go
         textwrap.dedent("""
         import os
         import numpy as np
+        import tensorflow as tf
         import tfdist
         strategy = tfdist.make_strategy()
         keras = tfdist.flavour.keras()
@@ -63,6 +64,21 @@ def test_workers_with_other_models_steps_or_epochs_are_told_which_and_the_job_go
         model = build(1)
         fit(6 * 64, 1)
         print("trained", int(model.optimizer.iterations.numpy()), flush=True)
+
+        def dataset(rows):
+            return tf.data.Dataset.from_tensor_slices((x[:rows], x[:rows, :1])).batch(64)
+
+        try:  # a dataset of 5 batches on the last worker, of 6 on the others
+            model.fit(dataset(5 * 64 if me == last else 6 * 64), epochs=1, verbose=0)
+        except ValueError as err:
+            print("refused:", err, flush=True)
+        try:  # the same endless dataset everywhere, but worker 0 asks for 3 steps per epoch
+            steps = 3 if me == 0 else 6
+            model.fit(dataset(6 * 64).repeat(), steps_per_epoch=steps, epochs=1, verbose=0)
+        except ValueError as err:
+            print("refused:", err, flush=True)
+        model.fit(dataset(6 * 64), epochs=1, verbose=0)
+        print("trained", int(model.optimizer.iterations.numpy()), flush=True)
         os.environ["TFDIST_STARTUP_TIMEOUT"] = "5"
         if me == last:  # the last worker alone builds a model more: the others make no variable
             try:
@@ -80,7 +96,7 @@ def test_workers_with_other_models_steps_or_epochs_are_told_which_and_the_job_go
     for worker in range(workers):
         task = f"worker:{worker}"
         refused = [line for line in text.splitlines() if line.startswith(f"[{task}] refused:")]
-        assert len(refused) == 4, text
+        assert len(refused) == 6, text
         assert (
             "build different models, so their variables cannot start from the chief's values: "
             f"variable number 1 made in the strategy's scope is kernel [4, 1] float32 on {alike}, "
@@ -102,6 +118,14 @@ def test_workers_with_other_models_steps_or_epochs_are_told_which_and_the_job_go
             refused[3],
         ), refused
         assert text.count(f"[{task}] trained 6") == 2, text
+        assert (  # a tf.data dataset of fewer batches
+            f"the fits differ in steps per epoch: 6 on worker:0, 5 on {last}. Seen on {task}"
+            in refused[4]
+        ), refused
+        assert (  # steps_per_epoch= of another value
+            "the fits differ in steps per epoch: 3 on worker:0, 6 on worker:1" in refused[5]
+        ), refused
+        assert f"[{task}] trained 12" in text, text  # and the job trains on
     late = [line for line in text.splitlines() if "late:" in line]
     assert len(late) == 1 and late[0].startswith(f"[{last}] late: worker:0 did not make "), late
     assert f"in the strategy's scope (kernel [4, 1] float32 on {last}) within 5 s" in late[0]
