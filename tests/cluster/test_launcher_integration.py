@@ -76,11 +76,20 @@ def test_restart_resumes_from_backup_after_a_worker_is_killed(tmp_path):
     restarted = text[text.rfind("Restarting the job") :]
     for task in ("worker:0", "worker:1"):
         assert re.search(
-            rf"\[tfdist\] {task} +exit 0 +[0-9.]+ s  24 steps, [0-9.]+ steps/s", restarted
+            rf"\[tfdist\] {task} +exit 0 +[0-9.]+ s  24 steps in [0-9.]+ s, [0-9.]+ steps/s"
+            r"  \(1 restart before\)",
+            restarted,
         ), restarted
     out = io.StringIO()
     launch(script, [str(uninterrupted)], workers=2, timeout=300, out=out, extra_env=env, check=True)
-    assert len(re.findall(r"exit 0 +[0-9.]+ s  36 steps, [0-9.]+ steps/s", out.getvalue())) == 2
+    assert (
+        len(
+            re.findall(
+                r"exit 0 +[0-9.]+ s  36 steps in [0-9.]+ s, [0-9.]+ steps/s\n", out.getvalue()
+            )
+        )
+        == 2
+    )
     resumed = np.load(interrupted / "final.npz")
     reference = np.load(uninterrupted / "final.npz")
     for key in reference.files:

@@ -384,6 +384,7 @@ def test_the_summary_json_has_each_task_and_the_restarts(tmp_path):
     assert set(summary["tasks"]) == {"worker:0", "worker:1"}
     for task in summary["tasks"].values():
         assert task["exit_code"] == 0 and task["seconds"] > 0 and task["steps"] is None, task
+        assert task["restarts"] == 1, task  # each task of the job ran once before
     refused = subprocess.run(
         [sys.executable, "-m", "tfdist", "launch", "--summary-json",
          str(tmp_path / "no" / "such" / "s.json"), script],

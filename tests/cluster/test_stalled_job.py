@@ -95,4 +95,4 @@ def test_with_progress_and_stalls_off_a_task_runs_no_reporter_and_still_counts_i
     text = out.getvalue()
     assert codes == {"worker:0": 0}, text
     assert "[worker:0] reporter False" in text, text
-    assert re.search(r"\[tfdist\] worker:0 +exit 0 .* 10 steps, ", text), text
+    assert re.search(r"\[tfdist\] worker:0 +exit 0 .* 10 steps in ", text), text

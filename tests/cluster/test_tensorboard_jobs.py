@@ -91,4 +91,4 @@ def test_the_chief_alone_writes_the_logs_and_the_job_shows_its_progress(
     steps = [int(m) for m in re.findall(rf"^\[tfdist\] step (\d+)/{STEPS}\b", output, re.M)]
     assert steps and steps == sorted(steps) and max(steps) <= STEPS, output
     chief = "chief:0" if ps else "worker:0"  # its fit and the one-device reference's
-    assert re.search(rf"^\[tfdist\] {chief} +exit 0 .* {2 * STEPS} steps, ", output, re.M), output
+    assert re.search(rf"^\[tfdist\] {chief} +exit 0 .* {2 * STEPS} steps in ", output, re.M), output

@@ -93,8 +93,8 @@ def test_the_summary_gives_steps_per_second_for_tasks_that_trained():
     )
     lines = summary(result).splitlines()
     assert (
-        lines[0] == "[tfdist] chief:0    exit 0                           30.0 s  400 steps, "
-        "20.0 steps/s"
+        lines[0] == "[tfdist] chief:0    exit 0                           30.0 s  400 steps in "
+        "20.0 s, 20.0 steps/s"
     )
     assert lines[1] == "[tfdist] worker:0   served until the job ended       31.0 s"
     assert lines[2] == "[tfdist] worker:1   exit 0                            2.0 s"  # no steps

@@ -3,6 +3,7 @@ or failed, the launcher's own exit code, its messages, the worker slots of an el
 the checks of `--workers MIN:MAX` and `--grace`. Real processes:
 tests/cluster/test_launcher_preemption.py."""
 
+import dataclasses
 import signal
 import threading
 
@@ -302,3 +303,22 @@ def test_the_summary_names_the_slowest_of_the_training_tasks():
     assert data["tasks"]["ps:0"]["exit_code"] == 0 and data["tasks"]["ps:0"]["served"]
     alone = _result("done", _task("worker:0", 0, 10.0, steps=100, train_seconds=5.0))
     assert alone.slowest is None and "slowest" not in summary(alone)
+
+
+def test_the_summary_gives_each_tasks_restarts():
+    result = dataclasses.replace(
+        _result(
+            "done",
+            _task("worker:0", 0, 10.0, steps=100, train_seconds=5.0),
+            _task("worker:1", 0, 10.0, steps=100, train_seconds=5.0),
+        ),
+        restarts=2,
+        task_restarts={"worker:0": 2, "worker:1": 1},  # worker:1 came back in the second attempt
+    )
+    lines = summary(result).splitlines()
+    assert lines[0].endswith("100 steps in 5.0 s, 20.0 steps/s  (2 restarts before)"), lines
+    assert lines[1].endswith("(1 restart before)"), lines
+    data = result.as_dict()
+    assert data["restarts"] == 2 and data["tasks"]["worker:1"]["restarts"] == 1, data
+    first = _result("done", _task("worker:0", 0, 10.0, steps=100, train_seconds=5.0))
+    assert "before" not in summary(first) and first.as_dict()["tasks"]["worker:0"]["restarts"] == 0

@@ -96,6 +96,8 @@ class JobResult:
     launcher_signal: Optional[int] = None
     restarts: int = 0  # the job's attempts before this one (`launch`), for any reason
     preemption_restarts: int = 0  # those of them after a preemption
+    # per task: the attempts it ran in before this one (an elastic job's tasks come and go)
+    task_restarts: Dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def slowest(self) -> Optional[str]:
@@ -114,6 +116,7 @@ class JobResult:
             "tasks": {
                 name: {
                     "exit_code": codes[name],
+                    "restarts": self.task_restarts.get(name, 0),
                     "stopped": task.stopped,
                     "served": task.serves,
                     "seconds": round(task.seconds, 3),
@@ -157,8 +160,8 @@ def classify(tasks: Iterable[TaskResult]) -> str:
 
 def summary(result: JobResult) -> str:
     """One line per task: exit code (or how it was stopped, or that it was preempted), wall
-    time, and for a task that trained, its training steps and steps per second of training
-    time."""
+    time, and for a task that trained, its training steps, the time in its fits and steps per
+    second of that time; the restarts it had, if any."""
     lines = []
     for name, task in result.tasks.items():
         code = result.returncodes[name]
@@ -173,7 +176,10 @@ def summary(result: JobResult) -> str:
         line = f"[tfdist] {name:10} {how:28} {task.seconds:8.1f} s"
         rate = task.steps_per_second
         if rate is not None:
-            line += f"  {task.steps} steps, {rate:.1f} steps/s"
+            line += f"  {task.steps} steps in {task.train_seconds:.1f} s, {rate:.1f} steps/s"
+        restarts = result.task_restarts.get(name, 0)
+        if restarts:
+            line += f"  ({restarts} {'restart' if restarts == 1 else 'restarts'} before)"
         lines.append(line + "\n")
     slowest = result.slowest
     if slowest is not None:

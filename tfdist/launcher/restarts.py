@@ -376,6 +376,7 @@ class _Attempts:
         self.quiet, self.verbose, self.out = quiet, verbose, out
         self.requests: Optional[_Requests] = None
         self.restarts = self.preemptions = self.attempts = 0
+        self.started: Dict[str, int] = {}  # task -> the attempts it ran in
         self.note = ""  # why the job is not restarted, when the counts say so
 
     def say(self, text: str) -> None:
@@ -457,6 +458,11 @@ class _Attempts:
             quiet=self.quiet,
             verbose=self.verbose,
             stop_when=self._resize if self.slots else None,
+        )
+        for name in result.tasks:
+            self.started[name] = self.started.get(name, 0) + 1
+        result = dataclasses.replace(
+            result, task_restarts={name: self.started[name] - 1 for name in result.tasks}
         )
         if not self.quiet:
             self.out.write(summary(result))
