@@ -1,6 +1,6 @@
 """The launcher's progress line and stall detection (tfdist.launcher.progress), read from report
-files written here as a task writes them; no process is started. A real job:
-tests/cluster/test_launcher_progress.py."""
+files written here as a task writes them; no process is started. Real jobs:
+tests/cluster/test_stalled_job.py and tests/cluster/test_tensorboard_jobs.py."""
 
 import io
 import json
