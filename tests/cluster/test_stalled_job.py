@@ -50,7 +50,8 @@ def test_a_held_up_worker_is_named_with_every_tasks_stacks_and_the_job_goes_on(
     monkeypatch.setenv("TFDIST_STALL_TIMEOUT", str(STALL))
     monkeypatch.setenv("TFDIST_STATUS_EVERY", "1")
     out = io.StringIO()
-    codes = launch(str(script), workers=2, out=out, timeout=240)
+    logs = tmp_path / "logs"
+    codes = launch(str(script), workers=2, out=out, timeout=240, log_dir=str(logs))
     text = out.getvalue()
     assert codes == {"worker:0": 0, "worker:1": 0}, text
     assert "[worker:0] trained 30" in text and "[worker:1] trained 30" in text, text
@@ -58,8 +59,11 @@ def test_a_held_up_worker_is_named_with_every_tasks_stacks_and_the_job_goes_on(
     stalls = [line for line in text.splitlines() if line.startswith("[tfdist] Stall:")]
     assert len(stalls) == 1, text  # once per stall
     assert f"No task has made a training step for {STALL} s: worker:0 at step" in stalls[0]
+    assert stalls[0] in (logs / "launcher.log").read_text().splitlines()  # and in the job's log
     for task in ("worker:0", "worker:1"):
         assert f"[{task}] tfdist: the stack of every thread of this task" in text, text
+        log = (logs / f"{task.replace(':', '-')}.log").read_text()
+        assert "tfdist: the stack of every thread of this task" in log, task
     # the held-up worker's stack shows where it is held up
     assert "in hold_up_the_job" in "\n".join(
         line for line in text.splitlines() if line.startswith("[worker:1]")

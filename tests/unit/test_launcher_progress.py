@@ -18,7 +18,9 @@ from tfdist.training_report import STACKS_SUFFIX, read_progress
 class _Job:
     """Fake tasks whose report files the test writes, and the monitor that reads them."""
 
-    def __init__(self, tmp_path, names=("worker:0", "worker:1"), stall=4.0, every=2.0, live=False):
+    def __init__(
+        self, tmp_path, names=("worker:0", "worker:1"), stall=4.0, every=2.0, live=False, log=None
+    ):
         self.tasks = {
             name: types.SimpleNamespace(
                 plan=types.SimpleNamespace(task=name, serves=False),
@@ -28,7 +30,7 @@ class _Job:
             for name in names
         }
         self.out = io.StringIO()
-        self.console = Console(self.out, threading.Lock(), live=live)
+        self.console = Console(self.out, threading.Lock(), live=live, log=log)
         self.monitor = Monitor(list(self.tasks.values()), self.console, stall, every, now=0.0)
 
     def report(self, name, step, total=100, fitting=True):
@@ -77,6 +79,19 @@ def test_a_job_whose_steps_stop_is_reported_once_with_every_tasks_stacks_asked(t
     job.at(31.0, worker_0=8, worker_1=8)  # it went on: the next stall is reported again
     job.at(35.5, worker_0=8, worker_1=8)
     assert len(job.lines()) == 2 and "at step 8" in job.lines()[-1]
+
+
+def test_the_launchers_own_lines_are_kept_in_its_log(tmp_path):
+    log = tmp_path / "logs" / "launcher.log"
+    log.parent.mkdir()
+    job = _Job(tmp_path, log=str(log))
+    job.console.line("[worker:0] a task's line: its own log has it")
+    for now in range(1, 8):
+        job.at(float(now), worker_0=10, worker_1=10 if now > 1 else 9)
+    kept = log.read_text().splitlines()
+    assert kept == job.lines(), (kept, job.lines())  # the progress lines and the stall
+    assert any(line.startswith("[tfdist] Stall: ") for line in kept), kept
+    assert not any(line.startswith("[worker:0]") for line in kept), kept
 
 
 def test_a_task_left_behind_is_named_with_the_steps_of_the_others(tmp_path):

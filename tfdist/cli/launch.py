@@ -190,7 +190,10 @@ def _add_launch_parser(sub) -> None:
         "task's Python stacks; the job goes on (default 300, TFDIST_STALL_TIMEOUT; 0: off)",
     )
     lau.add_argument(
-        "--log-dir", "--log_dir", help="also write each task's output to LOG_DIR/<task>.log"
+        "--log-dir",
+        "--log_dir",
+        help="also write each task's output to LOG_DIR/<task>.log, and the launcher's progress "
+        "and stall lines to LOG_DIR/launcher.log",
     )
     lau.add_argument(
         "--profile",

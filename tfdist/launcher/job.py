@@ -60,7 +60,9 @@ from tfdist.launcher.outcome import (
 from tfdist.launcher.progress import Console, Monitor
 from tfdist.preemption import PREEMPTED_EXIT_CODE
 
-__all__ = ["TaskPlan", "plan_job", "run_job"]
+__all__ = ["LAUNCHER_LOG", "TaskPlan", "plan_job", "run_job"]
+
+LAUNCHER_LOG = "launcher.log"  # in --log-dir: the launcher's own progress and stall lines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -428,9 +430,14 @@ def run_job(
     verbose = settings.VERBOSE.get() if verbose is None else bool(verbose)
     stall_timeout, every = settings.STALL_TIMEOUT.get(), settings.STATUS_EVERY.get()
     out = out or sys.stdout
-    console = Console(out, threading.Lock(), live=bool(every) and _is_terminal(out))
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
+    console = Console(
+        out,
+        threading.Lock(),
+        live=bool(every) and _is_terminal(out),
+        log=os.path.join(log_dir, LAUNCHER_LOG) if log_dir else None,
+    )
     namespace = _job_namespace(out, quiet)  # closed below, with the tasks
     tasks: List[_Task] = []
     report_dir = tempfile.mkdtemp(prefix="tfdist-reports-")

@@ -34,11 +34,23 @@ _CLEAR = "\r\x1b[K"  # back to the start of the line, and erase it
 
 class Console:
     """Whole lines of the tasks and the launcher, and on a terminal (`live`) a status line below
-    them: a line written while the status shows erases it, then writes it again below."""
+    them: a line written while the status shows erases it, then writes it again below. The
+    launcher's own lines (`say`: progress, stalls) also go to the file `log` when given (the
+    tasks' lines have their own logs)."""
 
-    def __init__(self, out: TextIO, lock: threading.Lock, live: bool):
-        self.out, self.lock, self.live = out, lock, live
+    def __init__(self, out: TextIO, lock: threading.Lock, live: bool, log: Optional[str] = None):
+        self.out, self.lock, self.live, self.log = out, lock, live, log
         self._status = ""
+
+    def say(self, text: str) -> None:
+        """A line of the launcher's own: shown, and kept in the launcher's log."""
+        self.line(text)
+        if self.log:
+            try:
+                with open(self.log, "a") as f:
+                    f.write(text + "\n")
+            except OSError:
+                pass  # a log that cannot be written costs the log, not the job
 
     def line(self, text: str) -> None:
         with self.lock:
@@ -146,7 +158,7 @@ class Monitor:
             self.console.status(text)
         elif now >= self.next_line:
             self.next_line = now + self.every
-            self.console.line(text)
+            self.console.say(text)
 
     def _stall(self, fitting: List[str], running, now: float) -> None:
         stuck = [n for n in fitting if now - self.seen[n].moved >= self.stall_timeout]
@@ -170,7 +182,7 @@ class Monitor:
                 + f" made no training step for {wait} s, while "
                 + ", ".join(where(n) for n in sorted(others))
             )
-        self.console.line(
+        self.console.say(
             f"[tfdist] Stall: {head}. The job goes on; the Python stacks of every task "
             "follow. HINT: a task that waits in a collective waits for the others; the task "
             "whose stack is elsewhere (its input, a callback, a save) holds them up. "

@@ -223,7 +223,8 @@ def launch(
         grace: float. Seconds the tasks get to exit after a SIGTERM (or after a peer was
             preempted) before SIGKILL, > 0. Defaults to 30.
         log_dir: str. Also write each task's output to `<log_dir>/<type>-<index>.log` (every
-            line, TensorFlow's start-up noise included).
+            line, TensorFlow's start-up noise included), and the launcher's progress and stall
+            lines to `<log_dir>/launcher.log`.
         check: bool. Raise `JobFailed` instead of returning when the job fails.
         verbose: bool. Also forward TensorFlow's start-up noise (C++ INFO lines, the CUDA and
             oneDNN notices). Defaults to TFDIST_VERBOSE (off). Errors are always forwarded.
