@@ -17,7 +17,9 @@ every `PROGRESS_SECONDS`: the optimizer step of the fit in progress (read from
 `optimizer.iterations`, so no batch callback slows the fit), the steps that fit will train and
 the time (`read_progress`). The same thread writes every thread's Python stack to the task's
 output when the launcher asks for it (`request_stacks`, a file beside the report): a stuck main
-thread, inside TensorFlow or not, cannot prevent that.
+thread, inside TensorFlow or not, cannot prevent that. A task that only serves (a worker or ps
+of a parameter-server job) runs a thread that answers such requests and does nothing else
+(`answer_stack_requests`).
 
 Without the launcher (a job a scheduler started from TF_CONFIG, with no TFDIST_REPORT_FILE), the
 same thread watches for a stall by itself: a task in a fit whose step has not moved for
@@ -160,14 +162,7 @@ class _Reporter(threading.Thread):
         _write(self.path)
 
     def stacks(self) -> None:
-        asked = self.path + STACKS_SUFFIX
-        if not os.path.exists(asked):
-            return
-        try:
-            os.remove(asked)
-        except OSError:
-            return
-        _dump("tfdist: the stack of every thread of this task (asked by the launcher):")
+        _answer(self.path)
 
     def watch(self) -> None:
         """Without the launcher: a fit whose step has not moved for stall_timeout seconds."""
@@ -195,6 +190,38 @@ class _Reporter(threading.Thread):
                     self.watch()
             except Exception:  # pylint: disable=broad-except
                 pass  # progress is best effort: training goes on without it
+
+
+def _answer(path: str) -> None:
+    """Writes every thread's stack when the launcher asked for it (a file beside the report)."""
+    asked = path + STACKS_SUFFIX
+    if not os.path.exists(asked):
+        return
+    try:
+        os.remove(asked)
+    except OSError:
+        return
+    _dump("tfdist: the stack of every thread of this task (asked by the launcher):")
+
+
+def answer_stack_requests() -> bool:
+    """In a task that only serves (a worker or ps of a parameter-server job, `tfdist serve`):
+    a thread that writes every thread's stack when the launcher asks at a stall, and nothing
+    else. Returns True when it runs (under a launcher that watches for stalls)."""
+    path = settings.REPORT_FILE.get()
+    if not path or not settings.STALL_TIMEOUT.get():
+        return False
+
+    def answer():
+        while True:
+            time.sleep(PROGRESS_SECONDS)
+            try:
+                _answer(path)
+            except Exception:  # pylint: disable=broad-except
+                pass  # best effort: the server goes on without it
+
+    threading.Thread(target=answer, name="tfdist-stacks", daemon=True).start()
+    return True
 
 
 def _dump(headline: str) -> None:

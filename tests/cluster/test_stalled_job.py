@@ -1,7 +1,8 @@
-"""The launcher's progress lines and stall detection on a real 2-worker job (slow): a worker held
-up in a callback makes the job stall; the launcher names it, prints every task's stacks and lets
-the job finish. With both turned off, a task reports no progress: no thread of tfdist's runs in
-it, and the summary still counts its steps."""
+"""The launcher's progress lines and stall detection on real jobs (slow): a worker held up in a
+callback makes a 2-worker job stall; the launcher names it, prints every task's stacks and lets
+the job finish; under parameter_server the servers show theirs too. With both turned off, a
+task reports no progress: no thread of tfdist's runs in it, and the summary still counts its
+steps."""
 
 import io
 import re
@@ -100,3 +101,43 @@ def test_with_progress_and_stalls_off_a_task_runs_no_reporter_and_still_counts_i
     assert codes == {"worker:0": 0}, text
     assert "[worker:0] reporter False" in text, text
     assert re.search(r"\[tfdist\] worker:0 +exit 0 .* 10 steps in ", text), text
+
+
+def test_at_a_stall_of_a_parameter_server_job_its_servers_show_their_stacks_too(
+    tmp_path, monkeypatch
+):
+    script = tmp_path / "held_ps.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import time
+        import numpy as np
+        import tfdist
+        strategy = tfdist.make_strategy()
+        keras = tfdist.flavour.keras()
+
+        class HoldUp(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                if epoch == 0:
+                    time.sleep({HELD_FOR})
+
+        def build():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            model.compile("sgd", "mse")
+            return model
+
+        x = np.random.RandomState(0).rand(64 * 6, 4).astype("float32")
+        history = tfdist.fit(build, (x, x[:, :1]), strategy=strategy, epochs=2,
+                             global_batch_size=64, steps_per_epoch=6, verbose=0,
+                             callbacks=[HoldUp()])
+        print("trained", int(history.model.optimizer.iterations.numpy()), flush=True)
+    """)
+    )
+    monkeypatch.setenv("TFDIST_STALL_TIMEOUT", str(STALL))
+    out = io.StringIO()
+    codes = launch(str(script), workers=2, ps=1, out=out, timeout=240)
+    text = out.getvalue()
+    assert set(codes.values()) == {0}, text
+    assert "[chief:0] trained 12" in text, text
+    assert text.count("[tfdist] Stall:") == 1, text
+    for task in ("chief:0", "worker:0", "worker:1", "ps:0"):
+        assert f"[{task}] tfdist: the stack of every thread of this task" in text, text

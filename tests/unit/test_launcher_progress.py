@@ -6,6 +6,7 @@ import io
 import json
 import os
 import threading
+import time
 import types
 
 import pytest
@@ -19,15 +20,22 @@ class _Job:
     """Fake tasks whose report files the test writes, and the monitor that reads them."""
 
     def __init__(
-        self, tmp_path, names=("worker:0", "worker:1"), stall=4.0, every=2.0, live=False, log=None
+        self,
+        tmp_path,
+        names=("worker:0", "worker:1"),
+        stall=4.0,
+        every=2.0,
+        live=False,
+        log=None,
+        servers=(),
     ):
         self.tasks = {
             name: types.SimpleNamespace(
-                plan=types.SimpleNamespace(task=name, serves=False),
+                plan=types.SimpleNamespace(task=name, serves=name in servers),
                 report=str(tmp_path / f"{name.replace(':', '-')}.json"),
                 ended=None,
             )
-            for name in names
+            for name in (*names, *servers)
         }
         self.out = io.StringIO()
         self.console = Console(self.out, threading.Lock(), live=live, log=log)
@@ -92,6 +100,35 @@ def test_the_launchers_own_lines_are_kept_in_its_log(tmp_path):
     assert kept == job.lines(), (kept, job.lines())  # the progress lines and the stall
     assert any(line.startswith("[tfdist] Stall: ") for line in kept), kept
     assert not any(line.startswith("[worker:0]") for line in kept), kept
+
+
+def test_at_a_stall_the_servers_of_a_parameter_server_job_are_asked_for_their_stacks_too(
+    tmp_path,
+):
+    job = _Job(tmp_path, names=("chief:0",), servers=("worker:0", "ps:0"))
+    for now in range(1, 7):
+        job.at(float(now), chief_0=3)
+    assert any(line.startswith("[tfdist] Stall: ") for line in job.lines()), job.lines()
+    assert job.asked_for_stacks() == ["chief:0", "ps:0", "worker:0"]
+
+
+def test_a_server_answers_the_launchers_request_for_its_stacks(tmp_path, monkeypatch, capfd):
+    from tfdist import training_report
+
+    report = tmp_path / "ps-0.json"
+    monkeypatch.setenv("TFDIST_REPORT_FILE", str(report))
+    monkeypatch.setenv("TFDIST_STALL_TIMEOUT", "0")
+    assert not training_report.answer_stack_requests()  # the launcher watches no stall
+    monkeypatch.setenv("TFDIST_STALL_TIMEOUT", "5")
+    assert training_report.answer_stack_requests()
+    training_report.request_stacks(str(report))
+    deadline = time.monotonic() + 10
+    while os.path.exists(str(report) + STACKS_SUFFIX) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    err = capfd.readouterr().err
+    assert "tfdist: the stack of every thread of this task (asked by the launcher):" in err, err
+    assert " in answer" in err, err  # faulthandler's stacks, the answering thread's among them
 
 
 def test_a_task_left_behind_is_named_with_the_steps_of_the_others(tmp_path):

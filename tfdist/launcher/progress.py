@@ -93,12 +93,14 @@ class Monitor:
     """The progress line and stall detection of one run of a job.
 
     `tasks`: the launcher's tasks (`tfdist.launcher.job._Task`: `.plan.task`, `.plan.serves`,
-    `.report`, `.ended`); only script tasks report. `stall_timeout` 0 turns stall detection
-    off, `every` 0 the progress lines (and the status line).
+    `.report`, `.ended`); only script tasks report; at a stall the servers are asked for their
+    stacks too. `stall_timeout` 0 turns stall detection off, `every` 0 the progress lines (and
+    the status line).
     """
 
     def __init__(self, tasks, console: Console, stall_timeout: float, every: float, now: float):
         self.tasks = [t for t in tasks if not t.plan.serves]
+        self.servers = [t for t in tasks if t.plan.serves]  # asked for their stacks at a stall
         self.console, self.stall_timeout, self.every = console, stall_timeout, every
         self.seen: Dict[str, _Seen] = {t.plan.task: _Seen() for t in self.tasks}
         self.rates: collections.deque = collections.deque()  # (time, job step)
@@ -188,5 +190,5 @@ class Monitor:
             "whose stack is elsewhere (its input, a callback, a save) holds them up. "
             "--stall-timeout 0 turns this off."
         )
-        for task in running:
+        for task in running + [t for t in self.servers if t.ended is None]:
             reports.request_stacks(task.report)

@@ -118,4 +118,7 @@ def serve(cluster: Optional[ClusterSpec] = None) -> None:
             f"{cluster.task!r} of {cluster!r}."
         )
     server = start_local_servers(cluster, [(cluster.task_type, cluster.task_index)])[0]
+    from tfdist import training_report
+
+    training_report.answer_stack_requests()  # at a stall, the launcher asks every task
     server.join()
