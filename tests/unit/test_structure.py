@@ -175,7 +175,8 @@ LAYERS = {
     # (a fix of the variables' broadcast asks the workers' agreement before each one)
     "tfdist.fixes": CLUSTER | _rooms("fit_agreement"),
     "tfdist.training_report": BASE,
-    "tfdist.profiler": BASE,
+    # (under parameter_server the chief's trace asks the job's servers to trace: the task)
+    "tfdist.profiler": CLUSTER,
     "tfdist.strategy": CLUSTER | _rooms("fit_agreement", "fixes", "profiler", "training_report"),
     # -> precision policy, data
     "tfdist.precision": STRATEGY,

@@ -118,7 +118,8 @@ def serve(cluster: Optional[ClusterSpec] = None) -> None:
             f"{cluster.task!r} of {cluster!r}."
         )
     server = start_local_servers(cluster, [(cluster.task_type, cluster.task_index)])[0]
-    from tfdist import training_report
+    from tfdist import profiler, training_report
 
     training_report.answer_stack_requests()  # at a stall, the launcher asks every task
+    profiler.follow_the_chief()  # with --profile, this server traces when the chief does
     server.join()
