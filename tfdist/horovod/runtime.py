@@ -1,11 +1,12 @@
 """`init()`, `shutdown()` and the ranks: the state of the Horovod API in this process.
 
 `init()` reads this process's ranks (`tfdist.horovod.process`), pins it to its GPU (GPU
-`local_rank`, with memory growth, as Horovod scripts do by hand; the script's own pinning to the
-same GPU is then a no-op), and in a job of several processes configures TensorFlow's collective
-ops for the cluster: first a bounded wait for every peer, then the coordination service (dead
-peers are detected by heartbeats), the collective leader and the gRPC server. TensorFlow
-accepts that only before it starts: `init()` must come before the first op, as in Horovod.
+`local_rank`, with memory growth unless TFDIST_GPU_MEMORY_GROWTH=0, as Horovod scripts do by
+hand; the script's own pinning to the same GPU is then a no-op), and in a job of several
+processes configures TensorFlow's collective ops for the cluster: first a bounded wait for
+every peer, then the coordination service (dead peers are detected by heartbeats), the
+collective leader and the gRPC server. TensorFlow accepts that only before it starts: `init()`
+must come before the first op, as in Horovod.
 
 The collectives of `tfdist.horovod.collectives` then run over one TensorFlow collective group
 of all the processes, with TensorFlow's own instance keys and ordering token (the launcher
@@ -180,6 +181,8 @@ def runtime() -> Runtime:
 
 
 def _pin_gpu(local_rank: int) -> None:
+    """Makes GPU `local_rank` the only one this process sees, growing the memory it takes
+    (unless TFDIST_GPU_MEMORY_GROWTH=0: then TensorFlow reserves it, as by default)."""
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
@@ -191,8 +194,9 @@ def _pin_gpu(local_rank: int) -> None:
             "HINT: start at most one process per GPU on each host (tfdist horovodrun -np N)."
         )
     try:
-        for gpu in gpus:
-            tf.config.experimental.set_memory_growth(gpu, True)
+        if settings.GPU_MEMORY_GROWTH.get():
+            for gpu in gpus:
+                tf.config.experimental.set_memory_growth(gpu, True)
         tf.config.set_visible_devices(gpus[local_rank], "GPU")
     except RuntimeError:
         pass  # the process already started TensorFlow; the check below says what to do

@@ -1,8 +1,9 @@
 """How replicas all-reduce: the `communication=` vocabulary of each strategy, and the TensorFlow
 options it becomes (CrossDeviceOps for mirrored, CommunicationOptions for multi-worker).
 
-NCCL is picked only where every replica is a GPU; asking for it elsewhere is refused with the
-choices that strategy accepts. TensorFlow is imported inside functions only.
+NCCL is picked only where every replica is a GPU that no other rank uses; asking for it where a
+replica is a CPU is refused with the choices that strategy accepts. TensorFlow is imported
+inside functions only.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ __all__ = [
     "NONE",
     "RING_BYTES_PER_PACK",
     "check_communication",
+    "collective_implementation",
     "collective_options",
     "mirrored_cross_device_ops",
 ]
@@ -85,26 +87,23 @@ def mirrored_cross_device_ops(
     return tf.distribute.ReductionToOneDevice()
 
 
-def collective_options(
-    communication: str,
-    devices: Sequence[str],
-    *,
-    bytes_per_pack: Optional[int] = None,
-    timeout_seconds: Optional[float] = None,
-):
-    """The `CommunicationOptions` for MultiWorkerMirroredStrategy.
+def collective_implementation(
+    communication: str, devices: Sequence[str], tasks_share_gpus: bool = False
+) -> str:
+    """What multi_worker_mirrored all-reduces with: "nccl", "ring" or "gloo", checked.
 
-    bytes_per_pack: None picks tfdist's default: `RING_BYTES_PER_PACK` (4 MiB) for the ring,
-    TensorFlow's 0 (one pack) for NCCL. 0 is TensorFlow's own default.
-    "gloo" gives the ring's options: TensorFlow's collectives still carry what Gloo does not
-    (variable broadcasts at start-up, gathers, sparse gradients; `tfdist.strategy.gloo`).
+    "auto" is NCCL where every replica is a GPU and no other task of the node uses the same
+    GPU, else the ring: NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), as in a
+    SLURM step with fewer GPUs than tasks on a node (`tasks_share_gpus`,
+    `tfdist.strategy.devices.slurm_tasks_share_gpus`). A choice of the caller's own is kept.
+
+    Raises:
+        ValueError: an unknown choice, NCCL with a CPU replica, Gloo with a GPU replica.
     """
-    import tensorflow as tf
-
-    implementation = tf.distribute.experimental.CommunicationImplementation
     communication = check_communication("multi_worker_mirrored", communication, MULTI_WORKER)
     if communication == "auto":
-        communication = "nccl" if _all_gpus(devices) else "ring"
+        nccl = _all_gpus(devices) and not tasks_share_gpus
+        communication = "nccl" if nccl else "ring"
     if communication == "nccl":
         _require_gpus_for_nccl("multi_worker_mirrored", devices, MULTI_WORKER)
     if communication == "gloo" and any("gpu" in d.lower() for d in devices):
@@ -113,6 +112,35 @@ def collective_options(
             f"worker's replicas are {list(devices)}. HINT: use communication='nccl' (or "
             "'auto') on GPUs; 'gloo' is for CPU workers, one replica each."
         )
+    return communication
+
+
+def collective_options(
+    communication: str,
+    devices: Sequence[str],
+    *,
+    bytes_per_pack: Optional[int] = None,
+    timeout_seconds: Optional[float] = None,
+    tasks_share_gpus: Optional[bool] = None,
+):
+    """The `CommunicationOptions` for MultiWorkerMirroredStrategy
+    (`collective_implementation` decides between NCCL and the ring).
+
+    bytes_per_pack: None picks tfdist's default: `RING_BYTES_PER_PACK` (4 MiB) for the ring,
+    TensorFlow's 0 (one pack) for NCCL. 0 is TensorFlow's own default.
+    "gloo" gives the ring's options: TensorFlow's collectives still carry what Gloo does not
+    (variable broadcasts at start-up, gathers, sparse gradients; `tfdist.strategy.gloo`).
+    tasks_share_gpus: None asks `tfdist.strategy.devices.slurm_tasks_share_gpus` (where every
+    replica is a GPU).
+    """
+    import tensorflow as tf
+
+    implementation = tf.distribute.experimental.CommunicationImplementation
+    if tasks_share_gpus is None:
+        from tfdist.strategy.devices import slurm_tasks_share_gpus
+
+        tasks_share_gpus = _all_gpus(devices) and slurm_tasks_share_gpus()
+    communication = collective_implementation(communication, devices, tasks_share_gpus)
     if bytes_per_pack is None:
         bytes_per_pack = 0 if communication == "nccl" else RING_BYTES_PER_PACK
     if timeout_seconds is None:

@@ -16,6 +16,7 @@ __all__ = [
     "gpus_share_a_device",
     "local_devices",
     "runtime_initialized",
+    "slurm_tasks_share_gpus",
     "take_slurm_gpu_share",
     "virtual_cpus",
 ]
@@ -99,18 +100,46 @@ def virtual_cpus(n: int) -> list:
     return names
 
 
+def slurm_tasks_share_gpus(env=None, seen=None) -> bool:
+    """True where this process is a task of a SLURM step that shares a GPU with another task
+    of its node: SLURM bound no GPUs to tasks (`tfdist.cluster.slurm.unbound_gpu_tasks`) and
+    the node has fewer GPUs than tasks (`tfdist.gpus.share`). NCCL refuses two ranks on one
+    GPU, so multi_worker_mirrored's "auto" all-reduces on the ring there.
+
+    Args:
+        env: mapping. Defaults to `os.environ`.
+        seen: int. The GPUs the tasks of the node see. Defaults to the physical GPUs
+            TensorFlow lists (which does not initialise its runtime).
+    """
+    import os
+
+    from tfdist import gpus
+    from tfdist.cluster.slurm import unbound_gpu_tasks
+
+    task = unbound_gpu_tasks(os.environ if env is None else env)
+    if task is None:
+        return False
+    if seen is None:
+        import tensorflow as tf
+
+        seen = len(tf.config.list_physical_devices("GPU"))
+    local, tasks = task
+    return seen > 0 and gpus.share(seen, tasks, local)[1]
+
+
 def take_slurm_gpu_share(env=None):
     """In a SLURM step with several tasks on a node that see the same GPUs, makes this task
-    see only its share (`tfdist.gpus.share`), growing its memory where tasks share GPUs.
-    Returns the replica devices it leaves ("/gpu:0", ...), or None where it changed nothing.
-    Must run before TensorFlow initialises its devices; after, it warns and changes nothing.
+    see only its share (`tfdist.gpus.share`), growing its memory where tasks share GPUs
+    (unless TFDIST_GPU_MEMORY_GROWTH=0). Returns the replica devices it leaves ("/gpu:0",
+    ...), or None where it changed nothing. Must run before TensorFlow initialises its
+    devices; after, it warns and changes nothing.
     """
     import logging
     import os
 
     import tensorflow as tf
 
-    from tfdist import gpus
+    from tfdist import gpus, settings
     from tfdist.cluster.slurm import unbound_gpu_tasks
 
     env = os.environ if env is None else env
@@ -121,7 +150,8 @@ def take_slurm_gpu_share(env=None):
     if not physical:
         return None
     local, tasks = task
-    indices, grow = gpus.share(len(physical), tasks, local)
+    indices, shared = gpus.share(len(physical), tasks, local)
+    grow = shared and settings.GPU_MEMORY_GROWTH.get(env)
     log = logging.getLogger("tfdist")
     if runtime_initialized():
         log.warning(
@@ -141,7 +171,12 @@ def take_slurm_gpu_share(env=None):
         local,
         indices,
         len(physical),
-        " (shared: memory growth)" if grow else "",
+        (
+            f", shared with other tasks ({'memory growth; ' if grow else ''}communication "
+            "'auto' all-reduces on the ring)"
+        )
+        if shared
+        else "",
     )
     return [f"/gpu:{i}" for i in range(len(kept))]
 
