@@ -13,7 +13,9 @@ refuses a job with more training tasks than GPUs; a number K gives each K; "shar
 training task see every GPU, each then taking only the memory it uses
 (`TF_FORCE_GPU_ALLOW_GROWTH=true`, unless TFDIST_GPU_MEMORY_GROWTH=0) and all-reducing on the
 ring (`TFDIST_COMMUNICATION=ring`: NCCL refuses two ranks on one GPU). On a host without GPUs
-nothing is set. `--workers gpu` starts one training task per K GPUs.
+nothing is set. `--workers gpu` starts one training task per K GPUs. `PINNED`, not a value
+users give, is `tfdist horovodrun`'s: every process sees every GPU (with memory growth) and
+pins one itself, by its local rank, so it keeps NCCL, and more processes than GPUs are refused.
 
 Nothing here imports TensorFlow.
 """
@@ -29,9 +31,11 @@ from tfdist import settings
 
 __all__ = [
     "AUTO",
+    "PINNED",
     "SHARED",
     "GpuError",
     "assign",
+    "check_one_per_gpu",
     "describe",
     "per_worker",
     "plan",
@@ -41,7 +45,19 @@ __all__ = [
 ]
 
 AUTO, SHARED = "auto", "shared"
-PerWorker = Union[int, str]  # K >= 1, AUTO or SHARED
+
+
+class _Pinned:
+    """`PINNED`: each process sees every GPU and pins one itself, by its local rank."""
+
+    def __repr__(self) -> str:
+        return "tfdist.gpus.PINNED"
+
+
+# Not a `--gpus-per-worker` spelling (a task that pins nothing would replicate over every
+# GPU): the mode `tfdist horovodrun` passes, whose processes pin their GPU in `hvd.init()`.
+PINNED = _Pinned()
+PerWorker = Union[int, str, _Pinned]  # K >= 1, AUTO, SHARED or PINNED
 _PROBE_SECONDS = 20
 
 
@@ -109,7 +125,10 @@ def describe() -> List[Dict[str, object]]:
 
 
 def per_worker(value) -> PerWorker:
-    """`--gpus-per-worker`: "auto", "shared" or a whole number >= 1 (int or text)."""
+    """`--gpus-per-worker`: "auto", "shared" or a whole number >= 1 (int or text); `PINNED`
+    passes as it is."""
+    if value is PINNED:
+        return PINNED
     if isinstance(value, str) and value.strip().lower() in (AUTO, SHARED):
         return value.strip().lower()
     text = str(value).strip()
@@ -124,7 +143,7 @@ def per_worker(value) -> PerWorker:
 
 def worker_count(gpus: Sequence[str], per: PerWorker = AUTO, evaluator_gpus: int = 0) -> int:
     """The workers of `--workers gpu`: one per `per` GPUs (1 for "auto")."""
-    each = 1 if per in (AUTO, SHARED) else int(per)
+    each = 1 if per in (AUTO, SHARED, PINNED) else int(per)
     usable = len(gpus) - evaluator_gpus
     if usable < each:
         raise GpuError(
@@ -159,11 +178,13 @@ def assign(
     training = trainers(tasks, ps)
     names = [f"{job}:{index}" for job, index in tasks]
     if not gpus:
-        if evaluator_gpus or per not in (AUTO, SHARED):
+        if evaluator_gpus or per not in (AUTO, SHARED, PINNED):
             raise GpuError(_too_few(len(training), per, evaluator_gpus, gpus))
         return {name: None for name in names}  # a CPU host: nothing to hand out
     every = ",".join(gpus)
-    if per == SHARED:
+    if per is PINNED:
+        check_one_per_gpu(len(training), gpus)
+    if per in (SHARED, PINNED):
         out = {name: (every if name in training else "") for name in names}
         if "evaluator:0" in out and evaluator_gpus:
             out["evaluator:0"] = ",".join(gpus[:evaluator_gpus])
@@ -189,18 +210,21 @@ def plan(
     env: Optional[Mapping[str, str]] = None,
 ) -> Dict[str, Dict[str, str]]:
     """Each task's GPU variables: CUDA_VISIBLE_DEVICES (from `assign`, over `gpus`, default
-    `visible(env)`); where a task shares its GPUs with another, TF_FORCE_GPU_ALLOW_GROWTH
-    (memory) and TFDIST_COMMUNICATION=ring (NCCL fails with "Duplicate GPU detected" when two
-    ranks use one GPU; a value of the caller's own is kept); CUDA_DEVICE_ORDER=PCI_BUS_ID where
-    the ids are nvidia-smi's (CUDA's own order differs).
+    `visible(env)`); where a task sees the GPUs of another (SHARED, PINNED),
+    TF_FORCE_GPU_ALLOW_GROWTH (memory; not with TFDIST_GPU_MEMORY_GROWTH=0); where it also
+    replicates over all of them (SHARED), TFDIST_COMMUNICATION=ring (NCCL fails with "Duplicate
+    GPU detected" when two ranks use one GPU; PINNED tasks each use their own, so they keep
+    NCCL); a value of the caller's own of either variable is kept; CUDA_DEVICE_ORDER=PCI_BUS_ID
+    where the ids are nvidia-smi's (CUDA's own order differs).
 
     Raises:
         GpuError: as `assign`.
     """
     env = os.environ if env is None else env
     found = visible(env) if gpus is None else list(gpus)
-    shared = per == SHARED and len(trainers(tasks, ps)) > 1
-    growth = shared and settings.GPU_MEMORY_GROWTH.get(env)
+    together = per in (SHARED, PINNED) and len(trainers(tasks, ps)) > 1
+    growth = together and settings.GPU_MEMORY_GROWTH.get(env)
+    shared = together and per == SHARED
     from_smi = gpus is None and "CUDA_VISIBLE_DEVICES" not in env and settings.GPUS.get(env) is None
     out = {}
     for name, devices in assign(tasks, ps, found, per, evaluator_gpus).items():
@@ -217,8 +241,10 @@ def plan(
 
 def share(seen: int, tasks: int, local: int) -> Tuple[List[int], bool]:
     """The GPUs the task of local rank `local` of `tasks` tasks on a node takes of the `seen`
-    GPUs they all see, and whether it must grow its memory: the local-th tasks-th of them, in
-    order; with fewer GPUs than tasks, every task takes all and grows its memory.
+    GPUs they all see, and whether it shares them with another task: the local-th tasks-th of
+    them, in order; with fewer GPUs than tasks, every task takes all and shares them (it then
+    grows its memory, unless TFDIST_GPU_MEMORY_GROWTH=0, and all-reduces on the ring where
+    communication is "auto": `tfdist.strategy.devices.slurm_tasks_share_gpus`).
 
     For tasks that a scheduler started seeing the same GPUs (`tfdist.cluster.slurm.
     unbound_gpu_tasks`); tfdist launch hands each task its own CUDA_VISIBLE_DEVICES instead.
@@ -227,6 +253,22 @@ def share(seen: int, tasks: int, local: int) -> Tuple[List[int], bool]:
         return list(range(seen)), True
     each = seen // tasks
     return list(range(local * each, (local + 1) * each)), False
+
+
+def check_one_per_gpu(processes: int, gpus: Sequence[str]) -> None:
+    """Refuses more processes than `gpus` where each pins one GPU by its local rank (PINNED;
+    a host without GPUs runs any number on its CPUs).
+
+    Raises:
+        GpuError: naming the GPUs seen and the fix.
+    """
+    if gpus and processes > len(gpus):
+        raise GpuError(
+            f"{processes} processes each pin one GPU (the one of their local rank), and this "
+            f"launcher was given {_seen(gpus)}. HINT: start one process per GPU (tfdist "
+            f"horovodrun -np gpu, here -np {len(gpus)}); CUDA_VISIBLE_DEVICES= (empty) runs "
+            "them all on the CPUs."
+        )
 
 
 def _seen(gpus: Sequence[str]) -> str:

@@ -6,11 +6,36 @@ import stat
 
 import pytest
 
+import tfdist
 from tfdist import gpus
-from tfdist.cli import main
-from tfdist.launcher import plan_job
+from tfdist.cli import build_parser, main
+from tfdist.horovod import run
+from tfdist.launcher import plan_job, restarts
+from tfdist.launcher.outcome import JobResult
 
 WORKERS_2 = [("worker", 0), ("worker", 1)]
+
+
+@pytest.fixture
+def planned(monkeypatch):
+    """Each task's environment that `tfdist.launch` / `tfdist horovodrun` would start it with
+    ({task: env}, one per attempt), on simulated GPUs; no process is started."""
+    jobs = []
+
+    def run_job(plans, **_):
+        jobs.append({plan.task: plan.env for plan in plans})
+        return JobResult("done", {})
+
+    monkeypatch.setattr(restarts, "run_job", run_job)
+    for name in ("CUDA_VISIBLE_DEVICES", "TFDIST_COMMUNICATION", "TF_FORCE_GPU_ALLOW_GROWTH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("TFDIST_GPU_MEMORY_GROWTH", raising=False)
+    return jobs
+
+
+def _gpu_variables(env):
+    names = ("CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", "TFDIST_COMMUNICATION")
+    return {name: env[name] for name in names if name in env}
 
 
 def test_visible_gpus_come_from_the_simulation_then_cuda_visible_devices_then_nvidia_smi(
@@ -198,3 +223,70 @@ def test_tasks_that_see_the_same_gpus_take_their_share_by_local_rank():
     assert gpus.share(4, tasks=2, local=1) == ([2, 3], False)
     assert gpus.share(4, tasks=3, local=2) == ([2], False)  # 1 each, GPU 3 idle
     assert gpus.share(1, tasks=2, local=1) == ([0], True)  # 2 tasks, 1 GPU: shared, grown
+
+
+def test_launch_workers_gpu_from_python_gives_each_worker_its_own_gpu(planned, monkeypatch):
+    monkeypatch.setenv("TFDIST_GPUS", "3")
+    assert tfdist.launch("train.py", workers="gpu", quiet=True) == {}
+    assert [{t: _gpu_variables(e) for t, e in job.items()} for job in planned] == [
+        {f"worker:{i}": {"CUDA_VISIBLE_DEVICES": str(i)} for i in range(3)}
+    ]
+    monkeypatch.setenv("TFDIST_GPUS", "4")
+    tfdist.launch("train.py", workers="gpu", gpus_per_worker=2, quiet=True)
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in planned[-1].values()] == ["0,1", "2,3"]
+    with pytest.raises(gpus.GpuError, match=r"5 training task\(s\).*4 GPU\(s\) \(0,1,2,3\)"):
+        tfdist.launch("train.py", workers=5, quiet=True)
+    assert len(planned) == 2  # refused before any task started
+
+
+def _horovodrun(argv):
+    return build_parser().parse_args(["horovodrun", *argv])
+
+
+def test_horovodrun_np_gpu_starts_one_process_per_gpu_that_keeps_nccl(
+    planned, monkeypatch, tmp_path
+):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    monkeypatch.setenv("TFDIST_GPUS", "2")
+    assert main(["horovodrun", "-np", "gpu", "python", str(script)]) == 0
+    # every process sees every GPU, pins its own in hvd.init() and grows its memory; each
+    # has a GPU of its own, so nothing pushes make_strategy() off NCCL (no TFDIST_COMMUNICATION)
+    assert {task: _gpu_variables(env) for task, env in planned[0].items()} == {
+        f"worker:{i}": {"CUDA_VISIBLE_DEVICES": "0,1", "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+        for i in range(2)
+    }
+    assert all(env["TFDIST_HOROVOD_SHIM"] == "1" for env in planned[0].values())
+    monkeypatch.setenv("TFDIST_COMMUNICATION", "ring")  # the caller's own choice is theirs
+    launch = run.launch_settings(_horovodrun(["-np", "2", "python", str(script)]))
+    plans = plan_job(launch["target"], workers=2, gpus_per_worker=launch["gpus_per_worker"])
+    assert [p.env.get("TFDIST_COMMUNICATION") for p in plans] == [None, None]  # inherited
+    monkeypatch.setenv("TFDIST_GPU_MEMORY_GROWTH", "0")
+    plans = plan_job(launch["target"], workers=2, gpus_per_worker=launch["gpus_per_worker"])
+    assert all("TF_FORCE_GPU_ALLOW_GROWTH" not in p.env for p in plans)
+
+
+def test_horovodrun_refuses_more_processes_than_gpus_before_any_starts(
+    planned, monkeypatch, tmp_path, capsys
+):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    monkeypatch.setenv("TFDIST_GPUS", "2")
+    with pytest.raises(run.HorovodrunError) as refused:
+        run.launch_settings(_horovodrun(["-np", "3", "python", str(script)]))
+    message = str(refused.value)
+    assert "-np 3: 3 processes each pin one GPU" in message
+    assert "was given 2 GPU(s) (0,1)" in message and "HINT:" in message and "-np 2" in message
+    assert main(["horovodrun", "-np", "3", "-H", "localhost:3", "python", str(script)]) == 2
+    assert "was given 2 GPU(s) (0,1)" in capsys.readouterr().err
+    assert planned == []  # no process was started
+    monkeypatch.setenv("TFDIST_GPUS", "0")  # a host without GPUs: any number, on the CPUs
+    assert run.launch_settings(_horovodrun(["-np", "3", "python", str(script)]))["workers"] == 3
+    with pytest.raises(gpus.GpuError, match=r"3 processes each pin one GPU"):
+        gpus.assign([("worker", i) for i in range(3)], 0, ["0", "1"], gpus.PINNED)
+
+
+def test_pinned_is_not_a_spelling_users_give():
+    assert gpus.per_worker(gpus.PINNED) is gpus.PINNED
+    with pytest.raises(gpus.GpuError, match=r"Received: 'pinned'"):
+        gpus.per_worker("pinned")

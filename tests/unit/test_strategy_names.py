@@ -27,6 +27,7 @@ from helpers.strategy import (
         (ONE_WORKER, CPU1, "one_device"),
         (ONE_WORKER, GPU2, "mirrored"),
         (TWO_WORKERS, CPU1, "multi_worker_mirrored"),
+        (TWO_WORKERS, GPU2, "multi_worker_mirrored"),  # NCCL: test_gpu_sharing.py
         (CHIEF_AND_WORKER, CPU1, "multi_worker_mirrored"),
         (PS_JOB, CPU1, "parameter_server"),
         (PS_JOB, GPU2, "parameter_server"),

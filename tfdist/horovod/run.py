@@ -12,6 +12,10 @@ TF_CONFIG), `--start-timeout`, `--output-filename`, `--verbose`; the tuning and 
 (`--gloo`, `--mpi`, `--fusion-threshold-mb`, `--cycle-time-ms`, ...) are accepted and have no
 effect; `--timeline-filename` is refused (no timeline: use TensorFlow's profiler).
 
+On a GPU host every process sees every GPU and pins the one of its local rank in `hvd.init()`
+(`tfdist.gpus.PINNED`): `-np gpu` starts one per GPU, more processes than GPUs are refused
+before any starts, and no process is pushed off NCCL (each has a GPU of its own).
+
 Imports nothing of TensorFlow.
 """
 
@@ -182,8 +186,9 @@ def launch_settings(args) -> dict:
             "timeline. HINT: profile with TensorFlow's profiler "
             "(tf.profiler.experimental.start(logdir)) and TensorBoard."
         )
+    seen = gpus.visible()
     if args.num_proc == "gpu":
-        args.num_proc = len(gpus.visible())
+        args.num_proc = len(seen)
         if not args.num_proc:
             raise HorovodrunError(
                 "-np gpu starts one process per GPU, and this machine shows none (nvidia-smi "
@@ -191,6 +196,10 @@ def launch_settings(args) -> dict:
             )
     if args.num_proc < 1:
         raise HorovodrunError(f"-np must be >= 1 (received -np {args.num_proc}).")
+    try:  # each process pins the GPU of its local rank (hvd.init()): one GPU each at most
+        gpus.check_one_per_gpu(args.num_proc, seen)
+    except gpus.GpuError as err:
+        raise HorovodrunError(f"-np {args.num_proc}: {err}") from err
     if args.hosts and args.hostfile:
         raise HorovodrunError("Give -H or --hostfile, not both.")
     hosts = (
@@ -216,6 +225,6 @@ def launch_settings(args) -> dict:
         timeout=args.timeout,
         python=python,
         # as horovodrun: every process sees every GPU and pins its own (hvd.local_rank()),
-        # taking only the memory it uses
-        gpus_per_worker=gpus.SHARED,
+        # taking only the memory it uses; one GPU each, so NCCL stays (no ring, unlike SHARED)
+        gpus_per_worker=gpus.PINNED,
     )
