@@ -10,10 +10,19 @@ with `pip install --target`, which needs no root and works where the system Pyth
 "externally managed"; a Python of the tested range, which uv fetches if the system's is
 outside it; then `tensorflow[and-cuda]`, Keras and tf_keras of the newest tested pair, and
 this checkout), then runs each step of tests/gpu/gpu_steps.py in a process of its own, with
-a time limit of its own, so that one failing or hanging step does not stop the others. The
-whole check keeps to a budget (8 minutes by default): a step that would start after it is
-recorded as not run. It writes `gpu-check.md` and `gpu-check.json` (and one log per step) to
-$OUT when set, else to a folder it prints, and exits 0 when every step passed.
+a time limit of its own, so that one failing or hanging step does not stop the others. Each
+step runs in a process group (a session) of its own: at its limit the whole group gets SIGTERM
+(a `tfdist launch` passes it on to its tasks), then SIGKILL, so that nothing it started goes on
+holding GPU memory; whatever a step starts is bounded within the step's limit
+(`TFDIST_GPU_STEP_SECONDS`, gpu_steps.py). The whole check keeps to a budget (8 minutes by
+default), the build, the steps and the stopping of a step that timed out included. The limits
+are each step's worst case: with the build's they add up to more than the budget, so a slow
+host does not run the last steps. A step that would start with less than `MIN_STEP_SECONDS`
+left is recorded as not run, one that starts with less than its limit gets what is left (both
+said in the report: `not_run_for_lack_of_time`, `limit_cut_by_budget`). It writes
+`gpu-check.md` and `gpu-check.json` (and one log per step) to $OUT when set, else to a folder it
+prints, and exits 0 when every step passed or was skipped (a step that does not apply to this
+GPU says why, e.g. bfloat16 below compute capability 8.0).
 
 Only the standard library here: it runs before any venv exists.
 """
@@ -25,6 +34,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -50,10 +60,17 @@ STEPS = {
     "nccl_two_logical_gpus": (100, "an NCCL all-reduce between 2 logical GPUs: its outcome"),
     "fit_against_custom_loop": (120, "steps/s of fit against a custom loop (ratio)"),
     "one_device_fit_tf_keras": (120, "fit under tf_keras (TF_USE_LEGACY_KERAS=1) converges"),
-    "slurm_gpu_share": (60, "a SLURM task of 2 on the one GPU keeps it and grows its memory"),
+    "slurm_gpu_share": (
+        60,
+        "a SLURM task of 2 on the one GPU keeps it, grows its memory, all-reduces on the ring",
+    ),
 }
 BUDGET_SECONDS = 480
-BUILD_SECONDS = 300
+BUILD_SECONDS = 300  # at most; less where the budget leaves less
+STOP_SECONDS = 10  # a step's process group, from SIGTERM at its limit to SIGKILL
+DRAIN_SECONDS = 5  # then, at most, to read the last of its output
+MIN_STEP_SECONDS = 20  # a step is not started with less of the budget left (past stopping it)
+LIMIT_VARIABLE = "TFDIST_GPU_STEP_SECONDS"  # a step's limit, for what it starts (gpu_steps.py)
 
 
 def _releases():
@@ -68,24 +85,60 @@ def _releases():
 
 
 def _run(command, timeout, env=None, cwd=None):
-    """(exit code or "timeout", output) of `command`, bounded; never raises for the command."""
+    """(exit code or "timeout", output) of `command`, bounded; never raises for the command.
+
+    The command runs in a session (a process group) of its own. After `timeout` s the whole
+    group gets SIGTERM, then SIGKILL `STOP_SECONDS` later: what the command started in its
+    group ends with it. The call takes at most `timeout + STOP_SECONDS + DRAIN_SECONDS` s.
+    """
     try:
-        done = subprocess.run(
+        proc = subprocess.Popen(
             command,
             env=env,
             cwd=cwd,
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            timeout=timeout,
-            check=False,
+            errors="replace",
+            start_new_session=True,
         )
-        return done.returncode, done.stdout
-    except subprocess.TimeoutExpired as err:
-        output = err.output.decode() if isinstance(err.output, bytes) else (err.output or "")
-        return "timeout", output
     except OSError as err:
         return "error", str(err)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, output
+    except subprocess.TimeoutExpired:
+        _stop_group(proc)
+    try:
+        output, _ = proc.communicate(timeout=DRAIN_SECONDS)
+    except subprocess.TimeoutExpired as err:  # a process outside the group holds the pipe
+        output = err.output.decode(errors="replace") if isinstance(err.output, bytes) else ""
+        proc.stdout.close()
+    return "timeout", output or ""
+
+
+def _signal_group(pgid, signum):
+    try:
+        os.killpg(pgid, signum)
+        return True
+    except ProcessLookupError:
+        return False  # the group is gone
+
+
+def _stop_group(proc):
+    """SIGTERM to the process group `proc` leads, SIGKILL to what is left of it after
+    `STOP_SECONDS` (or at once, once the group is empty, nothing)."""
+    if not _signal_group(proc.pid, signal.SIGTERM):
+        return
+    deadline = time.monotonic() + STOP_SECONDS
+    while time.monotonic() < deadline:
+        proc.poll()  # reaps the leader: a zombie would count as a member still
+        if not _signal_group(proc.pid, 0):
+            return
+        time.sleep(0.1)
+    _signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def host_facts():
@@ -114,17 +167,18 @@ def _python_in_range(text_range):
     return low <= sys.version_info[:2] <= high
 
 
-def build_venv(directory, log, cuda=True):
+def build_venv(directory, log, cuda=True, seconds=BUILD_SECONDS):
     """Builds the venv in `directory` (`cuda`: TensorFlow's CUDA libraries, else TensorFlow
-    alone, for a rehearsal); returns (python path or None, what happened)."""
+    alone, for a rehearsal) in at most `seconds` (its commands stopped included); returns
+    (python path or None, what happened)."""
     newest = _releases().NEWEST
     packages = [
         f"tensorflow{'[and-cuda]' if cuda else ''}=={newest.tensorflow}",
         f"keras=={newest.keras}",
         f"tf_keras=={newest.tf_keras}",
     ]
-    record = {"packages": packages, "steps": []}
-    deadline = time.monotonic() + BUILD_SECONDS
+    record = {"packages": packages, "steps": [], "limit_seconds": round(seconds)}
+    deadline = time.monotonic() + seconds - STOP_SECONDS - DRAIN_SECONDS
 
     def step(what, command, env=None):
         left = deadline - time.monotonic()
@@ -175,16 +229,21 @@ def parse(output):
 
 
 def run_step(name, python, logs, timeout, env=None):
-    """Runs one step in a process of its own for at most `timeout` s; returns its result."""
+    """Runs one step in a process group of its own for at most `timeout` s (then stops the
+    group: `_run`); returns its result. The step learns its limit from `LIMIT_VARIABLE`."""
     environ = dict(os.environ if env is None else env)
     environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    environ[LIMIT_VARIABLE] = f"{timeout:g}"
     started = time.monotonic()
     code, output = _run([python, STEPS_FILE, name], timeout=timeout, env=environ, cwd=HERE)
     with open(os.path.join(logs, f"{name}.log"), "w") as log:
         log.write(output)
     result = parse(output) or {}
     if code == "timeout":
-        result = {"outcome": "timeout", "error": f"no result in {timeout:g} s"}
+        result = {
+            "outcome": "timeout",
+            "error": f"no result in {timeout:g} s; its process group was stopped",
+        }
     elif not result:
         tail = " | ".join(output.strip().splitlines()[-5:])
         result = {"outcome": "failed", "error": f"exit {code}, no result line: {tail}"}
@@ -193,6 +252,8 @@ def run_step(name, python, logs, timeout, env=None):
 
 
 def _summary(name, result):
+    if result.get("outcome") == "skipped":
+        return result.get("reason", "").replace("|", "/")
     if result.get("outcome") != "ok":
         return result.get("error", "")[:300].replace("\n", " ").replace("|", "/")
     keys = {
@@ -247,7 +308,35 @@ def markdown(report):
             f"{_summary(name, result)} |"
         )
     lines += ["", f"passed: {report['passed']} of {len(report['steps'])} steps"]
+    if report.get("skipped"):
+        lines.append(f"skipped (not for this GPU): {', '.join(report['skipped'])}")
+    lines += _budget_lines(report)
     return "\n".join(lines) + "\n"
+
+
+def _budget_lines(report):
+    """What the budget left out or cut short, said plainly (empty when nothing)."""
+    lines = []
+    if report.get("not_run_for_lack_of_time"):
+        lines.append(
+            f"not run for lack of time (the {report['budget_seconds']:g} s budget ran out): "
+            + ", ".join(report["not_run_for_lack_of_time"])
+        )
+    if report.get("limit_cut_by_budget"):
+        lines.append(
+            "run with less than their own limit (what was left of the budget): "
+            + ", ".join(f"{n} ({s:g} s)" for n, s in report["limit_cut_by_budget"].items())
+        )
+    return lines
+
+
+def step_limit(name, left):
+    """The seconds step `name` may run when `left` s of the budget are left: its own limit,
+    or what the budget leaves once stopping it is paid for; None: too few to start it."""
+    usable = left - STOP_SECONDS - DRAIN_SECONDS
+    if usable < MIN_STEP_SECONDS:
+        return None
+    return min(STEPS[name][0], usable)
 
 
 def main(argv=None):
@@ -282,12 +371,7 @@ def main(argv=None):
         "steps": {},
     }
     print(f"host: {report['host']}", flush=True)
-    env = dict(os.environ)
-    env.pop("TF_CONFIG", None)  # a shell's cluster would make every step wait for it
-    if args.rehearse:
-        env["TFDIST_GPU_CHECK_REHEARSE"] = "1"
-    elif "CUDA_VISIBLE_DEVICES" not in env:
-        env["CUDA_VISIBLE_DEVICES"] = "0"  # the steps are for one GPU: the first
+    env = step_environment(os.environ, args.rehearse)
     if args.python:
         python = os.path.abspath(args.python)  # not resolved: a venv's python is a link
         if not os.access(python, os.X_OK):
@@ -296,32 +380,57 @@ def main(argv=None):
     else:
         what = "TensorFlow without CUDA" if args.rehearse else "TensorFlow with CUDA: a few GB"
         print(f"building the venv in {args.venv} ({what}) ...", flush=True)
+        seconds = min(BUILD_SECONDS, args.budget - (time.monotonic() - started))
         with open(os.path.join(logs, "build.log"), "w") as log:
             try:
-                python, report["build"] = build_venv(args.venv, log, cuda=not args.rehearse)
+                python, report["build"] = build_venv(
+                    args.venv, log, cuda=not args.rehearse, seconds=seconds
+                )
             except Exception as err:  # noqa: BLE001 - the report says so; the steps are not run
                 python, report["build"] = None, {"outcome": f"failed: {err!r}"}
         print(f"venv: {report['build']}", flush=True)
+    report["not_run_for_lack_of_time"], report["limit_cut_by_budget"] = [], {}
     for name in names:
-        left = args.budget - (time.monotonic() - started)
+        limit = step_limit(name, args.budget - (time.monotonic() - started))
         if python is None:
             result = {"outcome": "not run", "error": "the venv could not be built (build.log)"}
-        elif left < 20:
+        elif limit is None:
             result = {"outcome": "not run", "error": f"the {args.budget:g} s budget ran out"}
+            report["not_run_for_lack_of_time"].append(name)
         else:
-            result = run_step(name, python, logs, min(STEPS[name][0], left), env)
+            result = run_step(name, python, logs, limit, env)
+            if limit < STEPS[name][0]:
+                result["limit_seconds"] = round(limit, 1)
+                report["limit_cut_by_budget"][name] = round(limit, 1)
         report["steps"][name] = result
         print(f"{name:28} {result['outcome']:8} {result.get('seconds', '')} s  "
               f"{_summary(name, result)}", flush=True)  # fmt: skip
     report["seconds"] = round(time.monotonic() - started, 1)
     report["passed"] = sum(r["outcome"] == "ok" for r in report["steps"].values())
+    report["skipped"] = [n for n, r in report["steps"].items() if r["outcome"] == "skipped"]
     with open(os.path.join(out, "gpu-check.json"), "w") as f:
         json.dump(report, f, indent=1, default=str)
     with open(os.path.join(out, "gpu-check.md"), "w") as f:
         f.write(markdown(report))
     print(f"\n{report['passed']} of {len(names)} steps passed in {report['seconds']} s; "
           f"{os.path.join(out, 'gpu-check.md')}")  # fmt: skip
-    return 0 if report["passed"] == len(names) else 1
+    for line in _budget_lines(report):
+        print(line)
+    return 0 if report["passed"] + len(report["skipped"]) == len(names) else 1
+
+
+def step_environment(environ, rehearse=False):
+    """The steps' environment: no TF_CONFIG; on a GPU host the first GPU unless
+    CUDA_VISIBLE_DEVICES names one, numbered as nvidia-smi numbers them (CUDA_DEVICE_ORDER=
+    PCI_BUS_ID unless set), so that the GPU the steps run on is the one nvidia-smi describes."""
+    env = dict(environ)
+    env.pop("TF_CONFIG", None)  # a shell's cluster would make every step wait for it
+    if rehearse:
+        env["TFDIST_GPU_CHECK_REHEARSE"] = "1"
+        return env
+    env.setdefault("CUDA_VISIBLE_DEVICES", "0")  # the steps are for one GPU: the first
+    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    return env
 
 
 if __name__ == "__main__":

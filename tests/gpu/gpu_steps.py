@@ -3,7 +3,11 @@ process: `python tests/gpu/gpu_steps.py NAME` runs step NAME and prints one line
 `GPU_STEP {json}`, with its outcome ("ok" or "failed"), what it measured, and the error.
 
 Every step first checks what it needs (TensorFlow sees a GPU; enough memory for two logical
-GPUs) and fails with that, rather than running on the CPU by mistake. With
+GPUs) and fails with that, rather than running on the CPU by mistake; a step that does not
+apply to this GPU (bfloat16 below compute capability 8.0) is "skipped", with the reason. What
+a step starts (a `tfdist launch` job, a process of its own) is bounded within the step's own
+limit (TFDIST_GPU_STEP_SECONDS, which gpu_check.py sets; else the step's limit there), so that
+it ends, and the step reports, before the check stops the step. With
 TFDIST_GPU_CHECK_REHEARSE=1 the same steps run on this host's CPUs (logical CPUs for logical
 GPUs, a simulated GPU for the launcher), so that the check's own code is tested where there
 is no GPU (tests/cluster/test_gpu_check_rehearsal.py).
@@ -13,6 +17,7 @@ Needs TensorFlow, Keras and tfdist; tf_keras for the tf_keras step.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,6 +28,39 @@ import traceback
 MARK = "GPU_STEP "
 REHEARSE = os.environ.get("TFDIST_GPU_CHECK_REHEARSE") == "1"
 LOGICAL_MIB = 2048  # each of the two logical GPUs carved from the one GPU
+LIMIT_VARIABLE = "TFDIST_GPU_STEP_SECONDS"  # the step's limit (gpu_check.py sets it)
+REPORT_SECONDS = 5  # what a step keeps of its limit to end what it started and report
+LAUNCH_GRACE = 5  # the check's job: its tasks' seconds between SIGTERM and SIGKILL
+BF16_CAPABILITY = (8, 0)  # bfloat16 on GPUs: Ampere and newer
+_deadline = None  # time.monotonic() when the step's limit is up (`start_clock`)
+
+
+class Skipped(Exception):
+    """A step that does not apply to this GPU; the message says why."""
+
+
+def start_clock(limit):
+    """The step's limit starts now: what it starts ends `REPORT_SECONDS` before it."""
+    global _deadline
+    _deadline = time.monotonic() + float(limit)
+
+
+def child_seconds(what, least=10):
+    """Seconds a process the step starts may take: what is left of the step's limit but
+    `REPORT_SECONDS`. Raises where fewer than `least` are left (the check cut the limit)."""
+    left = _deadline - time.monotonic() if _deadline is not None else float("inf")
+    seconds = left - REPORT_SECONDS
+    if seconds < least:
+        raise RuntimeError(f"{left:.0f} s left of the step's limit: too few for {what}")
+    return seconds
+
+
+def job_limits(what):
+    """(`tfdist launch --timeout`, the launcher process's timeout) for a job the step starts:
+    the job's limit, then `LAUNCH_GRACE` s for its tasks to stop and `REPORT_SECONDS` for the
+    launcher to report, all before the process's timeout, which is within the step's."""
+    process = child_seconds(what, least=REPORT_SECONDS + LAUNCH_GRACE + 20)
+    return process - LAUNCH_GRACE - REPORT_SECONDS, process
 
 
 def _tf():
@@ -59,11 +97,40 @@ def two_logical_devices():
     return ["/gpu:0", "/gpu:1"]
 
 
-def _gpu_memory_mib():
-    from tfdist import gpus
+def _gpu_memory_mib(env=None):
+    """The memory (MiB) of the GPU the step runs on, as nvidia-smi says: the first that
+    CUDA_VISIBLE_DEVICES names (an index, with CUDA_DEVICE_ORDER=PCI_BUS_ID as gpu_check.py
+    sets it, a UUID or a MIG name: what `nvidia-smi -i` takes; "0" where it is unset), or
+    None where nvidia-smi does not say."""
+    env = os.environ if env is None else env
+    named = [e.strip() for e in env.get("CUDA_VISIBLE_DEVICES", "0").split(",") if e.strip()]
+    tool = shutil.which("nvidia-smi", path=env.get("PATH"))
+    if not named or tool is None:
+        return None
+    command = [tool, "-i", named[0], "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+    try:
+        listed = subprocess.run(command, capture_output=True, text=True, timeout=20, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = listed.stdout.strip().splitlines()[:1]
+    return int(first[0].strip()) if first and first[0].strip().isdigit() else None
 
-    listed = gpus.describe()
-    return listed[0]["memory_mib"] if listed else None
+
+def _compute_capability():
+    """(major, minor) of the first GPU TensorFlow sees, or None where it does not say."""
+    tf = _tf()
+    details = tf.config.experimental.get_device_details(need_gpu()[0])
+    capability = details.get("compute_capability")
+    return tuple(capability) if capability else None
+
+
+def bf16_skip_reason(capability):
+    """Why mixed_bfloat16 is not for a GPU of `capability` ((major, minor) or None), or None."""
+    if capability is not None and tuple(capability) >= BF16_CAPABILITY:
+        return None
+    found = "none reported" if capability is None else ".".join(str(p) for p in capability)
+    need = ".".join(str(p) for p in BF16_CAPABILITY)
+    return f"needs compute capability {need}, found {found}"
 
 
 def _data(n=512, features=16, classes=4, seed=0):
@@ -203,7 +270,12 @@ def step_mirrored_two_logical_gpus():
 
 
 def step_mixed_bfloat16_fit():
-    """fit under mixed_bfloat16 converges; the layers compute in bfloat16."""
+    """fit under mixed_bfloat16 converges; the layers compute in bfloat16. Skipped on a GPU
+    below compute capability 8.0 (no bfloat16 there)."""
+    if not REHEARSE:
+        reason = bf16_skip_reason(_compute_capability())
+        if reason:
+            raise Skipped(reason)
     return _mixed("mixed_bfloat16", "bfloat16")
 
 
@@ -247,24 +319,37 @@ def step_jit_compile_fit():
 
 
 def step_slurm_gpu_share():
-    """A SLURM task of 2 on a node with this one GPU: it keeps the GPU and grows its memory
-    (`tfdist.strategy.devices.take_slurm_gpu_share`, what make_strategy does first)."""
+    """A SLURM task of 2 on a node with this one GPU: it keeps the GPU, grows its memory
+    (`tfdist.strategy.devices.take_slurm_gpu_share`, what make_strategy does first) and
+    all-reduces on the ring where communication is "auto" (NCCL refuses one GPU twice)."""
     tf = _tf()
-    from tfdist.strategy.devices import take_slurm_gpu_share
+    from tfdist.strategy.communication import collective_implementation
+    from tfdist.strategy.devices import slurm_tasks_share_gpus, take_slurm_gpu_share
 
     gpus = need_gpu()
     slurm = {"SLURM_STEP_ID": "0", "SLURM_LOCALID": "1", "SLURM_NODEID": "0"}
-    kept = take_slurm_gpu_share(dict(slurm, SLURM_STEP_TASKS_PER_NODE="2"))
+    env = dict(slurm, SLURM_STEP_TASKS_PER_NODE="2")
+    kept = take_slurm_gpu_share(env)
     if REHEARSE:
         if kept is not None:
             raise AssertionError(f"a host without GPUs kept {kept}")
         return {"kept": kept}
     growth = [tf.config.experimental.get_memory_growth(g) for g in gpus]
     visible = tf.config.get_visible_devices("GPU")
-    if len(gpus) == 1 and (kept != ["/gpu:0"] or growth != [True] or visible != gpus):
-        raise AssertionError(f"kept {kept}, memory growth {growth}, visible {visible}")
+    auto = collective_implementation("auto", kept or [], slurm_tasks_share_gpus(env, len(gpus)))
+    if len(gpus) == 1 and (
+        kept != ["/gpu:0"] or growth != [True] or visible != gpus or auto != "ring"
+    ):
+        raise AssertionError(
+            f"kept {kept}, memory growth {growth}, visible {visible}, 'auto' all-reduce {auto}"
+        )
     tf.constant(1.0)  # the runtime starts with the share
-    return {"kept": kept, "memory_growth": growth, "physical_gpus": len(gpus)}
+    return {
+        "kept": kept,
+        "memory_growth": growth,
+        "physical_gpus": len(gpus),
+        "auto_all_reduce": auto,
+    }
 
 
 MULTI_WORKER_SCRIPT = """
@@ -307,9 +392,11 @@ def step_multi_worker_two_processes():
         )
         if REHEARSE:
             env["TFDIST_GPUS"] = "1"  # the launcher plans as for one GPU
+        job, process = job_limits("a 2-process job")
         command = [sys.executable, "-m", "tfdist", "launch", "--workers", "2"]
-        command += ["--gpus-per-worker", "shared", "--timeout", "150", script]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=170)
+        command += ["--gpus-per-worker", "shared", "--timeout", f"{job:.0f}"]
+        command += ["--grace", f"{LAUNCH_GRACE}", script]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=process)
     workers = [
         json.loads(line.split("WORKER ", 1)[1])
         for line in done.stdout.splitlines()
@@ -340,7 +427,7 @@ def step_nccl_two_logical_gpus():
     else:
         need_gpu()
         arguments = ["--logical", "2", "--memory-mib", str(LOGICAL_MIB)]
-    result = nccl_check.run(arguments, timeout=90)
+    result = nccl_check.run(arguments, timeout=child_seconds("the NCCL check"))
     return {"nccl_outcome": result["outcome"], "nccl": result}
 
 
@@ -423,13 +510,15 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _in_subprocess(step, extra_env):
+    seconds = child_seconds(f"step {step}")
     env = dict(os.environ, **extra_env)
+    env[LIMIT_VARIABLE] = f"{seconds - REPORT_SECONDS:g}"  # within this process's timeout
     done = subprocess.run(
         [sys.executable, os.path.abspath(__file__), step],
         env=env,
         capture_output=True,
         text=True,
-        timeout=150,
+        timeout=seconds,
     )
     result = parse(done.stdout)
     if result is None or result["outcome"] != "ok":
@@ -459,14 +548,26 @@ def main(argv):
         return 2
     name = argv[0]
     started = time.perf_counter()
+    start_clock(os.environ.get(LIMIT_VARIABLE) or _own_limit(name))
     try:
         result = {"outcome": "ok", **STEPS[name]()}
+    except Skipped as why:
+        result = {"outcome": "skipped", "reason": str(why)}
     except Exception as err:  # noqa: BLE001 - a failing step is a result too
         traceback.print_exc()
         result = {"outcome": "failed", "error": f"{type(err).__name__}: {err}"[:3000]}
     result["step_seconds"] = round(time.perf_counter() - started, 2)
     print(MARK + json.dumps(result, default=str), flush=True)
-    return 0 if result["outcome"] == "ok" else 1
+    return 0 if result["outcome"] in ("ok", "skipped") else 1
+
+
+def _own_limit(name):
+    """The step's limit in gpu_check.py (run by hand, without the check)."""
+    if _HERE not in sys.path:
+        sys.path.insert(0, _HERE)
+    import gpu_check
+
+    return gpu_check.STEPS[name][0]
 
 
 if __name__ == "__main__":
