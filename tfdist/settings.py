@@ -456,11 +456,12 @@ GPU_MEMORY_GROWTH = Setting(
     "TFDIST_GPU_MEMORY_GROWTH",
     _flag,
     True,
-    "`0` lets every task of `tfdist launch` that shares its GPUs with another "
-    "(`--gpus-per-worker shared`) reserve almost all of their memory, as TensorFlow does by "
-    "default; by default such a task gets `TF_FORCE_GPU_ALLOW_GROWTH=true` (a value of your "
-    "own of that variable is kept)",
-    "`tfdist launch`, `tfdist.launch`, `tfdist horovodrun`",
+    "`0` lets every task that shares its GPUs with another (`--gpus-per-worker shared`, "
+    "`tfdist horovodrun`, a SLURM step with fewer GPUs than tasks on a node) reserve almost "
+    "all of their memory, as TensorFlow does by default; by default such a task gets "
+    "`TF_FORCE_GPU_ALLOW_GROWTH=true` (a value of your own of that variable is kept), and "
+    "`hvd.init()` and the SLURM share turn on memory growth",
+    "`tfdist launch`, `tfdist.launch`, `tfdist horovodrun`, `hvd.init()`, `make_strategy` (SLURM)",
     "`1`",
 )
 
