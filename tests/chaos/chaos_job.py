@@ -1,6 +1,6 @@
 """The job of a fault-injection trial (tests/chaos/campaign.py), run under `tfdist launch`.
 
-    tfdist launch --workers 2 [--ps 1] chaos_job.py OUT BACKUP
+    tfdist launch --workers N [--ps M] chaos_job.py OUT BACKUP
 
 multi_worker_mirrored (no ps) trains with Keras `model.fit`, parameter_server with
 `tfdist.fit`, both with tfdist.BackupAndRestore(BACKUP, save_freq=SAVE_FREQ), EPOCHS epochs of
@@ -9,8 +9,15 @@ task that leads (worker 0, or the chief) writes:
 
 - OUT/progress: its optimizer step, rewritten whenever it changes (the campaign times the
   faults and the recoveries on it);
-- OUT/starts.log: a line per start of training, with the step the backup restored;
+- OUT/starts.log: a line per start of training, "PID STEP", STEP the optimizer step the backup
+  restored (0: no backup, a start from scratch); the campaign checks on it that a corrupt
+  newest backup fell back to the one before;
 - OUT/final.json: once training ended, the optimizer step and the weights.
+
+Under multi_worker_mirrored the strategy spreads each global batch of BATCH examples over the
+workers: where a run stopped and resumed changes nothing, but the worker count changes how the
+gradient sums are split and added up, hence the last bits of the weights, so the campaign
+compares a trial with an uninterrupted run of the same worker count.
 
 Set CHAOS_EPOCHS, CHAOS_STEPS to change the length. Keras 3 or tf_keras (TF_USE_LEGACY_KERAS).
 """
