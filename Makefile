@@ -50,10 +50,11 @@ test-next: $(STAMP)
 test-gpu:
 	$(PYTHON) tests/gpu/gpu_check.py $(GPU_ARGS)
 
-# The fault-injection campaign (tests/chaos/campaign.py): TRIALS real jobs under tfdist launch,
-# each with one or two faults at random steps (SIGKILL, SIGTERM, SIGSTOP, a full disk, a corrupt
-# backup, the launcher killed), every trial judged; chaos.md and chaos.json go to $(OUT) when
-# set, else to build/chaos-<time>. About half a minute a trial on 2 cores.
+# The fault-injection campaign (tests/chaos/campaign.py): TRIALS real jobs under tfdist launch
+# (2 or 3 workers, or 2 workers and 1 or 2 ps, drawn from SEED), each with one or two faults at
+# random steps (SIGKILL, SIGTERM, SIGSTOP, a network cut, a full disk, a corrupt backup, the
+# launcher killed), every trial judged; chaos.md and chaos.json go to $(OUT) when set, else to
+# build/chaos-<time>. Under a minute a trial on 2 cores (30-70 s; 2 minutes with two restarts).
 TRIALS ?= 100
 SEED   ?= 1
 chaos: $(STAMP)
