@@ -72,8 +72,16 @@ def test_the_chief_alone_writes_the_logs_and_the_job_shows_its_progress(
     logs, out = tmp_path / "logs", tmp_path / "histories.json"
     text = io.StringIO()
     env = {"TF_USE_LEGACY_KERAS": "1" if flavour == "tf_keras" else "0"}
+    verbose = flavour == "tf_keras"  # --verbose: each task's step in the progress line too
     codes = launch(
-        str(script), [str(logs), str(out)], workers=2, ps=ps, out=text, timeout=240, extra_env=env
+        str(script),
+        [str(logs), str(out)],
+        workers=2,
+        ps=ps,
+        out=text,
+        timeout=240,
+        extra_env=env,
+        verbose=verbose,
     )
     output = text.getvalue()
     assert set(codes.values()) == {0}, output
@@ -91,4 +99,7 @@ def test_the_chief_alone_writes_the_logs_and_the_job_shows_its_progress(
     steps = [int(m) for m in re.findall(rf"^\[tfdist\] step (\d+)/{STEPS}\b", output, re.M)]
     assert steps and steps == sorted(steps) and max(steps) <= STEPS, output
     chief = "chief:0" if ps else "worker:0"  # its fit and the one-device reference's
+    trainers = [chief] if ps else ["worker:0", "worker:1"]
+    each = r"; " + ", ".join(rf"{t} \d+( [0-9.]+/s)?" for t in trainers) + "$"
+    assert bool(re.search(rf"^\[tfdist\] step \d+/{STEPS}.*{each}", output, re.M)) == verbose
     assert re.search(rf"^\[tfdist\] {chief} +exit 0 .* {2 * STEPS} steps in ", output, re.M), output

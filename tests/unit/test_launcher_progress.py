@@ -28,6 +28,7 @@ class _Job:
         live=False,
         log=None,
         servers=(),
+        per_task=False,
     ):
         self.tasks = {
             name: types.SimpleNamespace(
@@ -39,7 +40,9 @@ class _Job:
         }
         self.out = io.StringIO()
         self.console = Console(self.out, threading.Lock(), live=live, log=log)
-        self.monitor = Monitor(list(self.tasks.values()), self.console, stall, every, now=0.0)
+        self.monitor = Monitor(
+            list(self.tasks.values()), self.console, stall, every, now=0.0, per_task=per_task
+        )
 
     def report(self, name, step, total=100, fitting=True):
         with open(self.tasks[name].report, "w") as f:
@@ -67,6 +70,20 @@ def test_the_progress_line_shows_the_slowest_task_and_the_steps_per_second(tmp_p
     ]
     job.at(4.0, worker_0=30, worker_1=30)
     assert job.lines()[-1] == "[tfdist] step 30/100, 6.7 steps/s"
+
+
+def test_with_verbose_the_line_shows_every_tasks_step_and_steps_per_second(tmp_path):
+    job = _Job(tmp_path, per_task=True)
+    job.at(1.0, worker_0=10, worker_1=10)
+    job.at(2.0, worker_0=15, worker_1=14)
+    job.at(3.0, worker_0=20, worker_1=20)
+    assert job.lines() == [
+        "[tfdist] step 14/100, 4.0 steps/s; worker:0 15 5.0/s, worker:1 14 4.0/s",
+    ]
+    job.at(4.0, worker_0=30, worker_1=30)
+    assert (
+        job.lines()[-1] == "[tfdist] step 30/100, 6.7 steps/s; worker:0 30 6.7/s, worker:1 30 6.7/s"
+    )
 
 
 def test_a_job_whose_steps_stop_is_reported_once_with_every_tasks_stacks_asked(tmp_path):

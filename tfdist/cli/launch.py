@@ -223,7 +223,8 @@ def _add_launch_parser(sub) -> None:
         action="store_true",
         default=None,
         help="show every line of the tasks, TensorFlow's C++ start-up logs included "
-        "(default: hidden, like TFDIST_VERBOSE=0; errors are always shown)",
+        "(default: hidden, like TFDIST_VERBOSE=0; errors are always shown), and every "
+        "task's step and steps/s in the progress line",
     )
     lau.add_argument(
         "-m", dest="module", action="store_true", help="TARGET is a module name, run as python -m"

@@ -460,7 +460,11 @@ def run_job(
                 )
             )
         monitor = (
-            None if quiet else Monitor(tasks, console, stall_timeout, every, now=time.monotonic())
+            None
+            if quiet
+            else Monitor(
+                tasks, console, stall_timeout, every, now=time.monotonic(), per_task=verbose
+            )
         )
         reason = watch.wait(tasks, monitor)
         console.clear()

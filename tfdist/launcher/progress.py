@@ -4,7 +4,8 @@
 launcher's own, and, on a terminal, one status line kept below them and updated in place.
 `Monitor` reads each training task's report once a second: the optimizer step of the fit in
 progress, the steps that fit trains. It shows the job's step (the slowest task's), its steps/s
-over the last `RATE_WINDOW` seconds and the slowest task: in the status line on a terminal, as a
+over the last `RATE_WINDOW` seconds and the slowest task (with `per_task`, `tfdist launch
+--verbose`: every task's step and steps/s): in the status line on a terminal, as a
 line every TFDIST_STATUS_EVERY seconds elsewhere (a log, a pipe).
 
 A stall: a task in a fit whose step has not moved for TFDIST_STALL_TIMEOUT seconds
@@ -80,13 +81,25 @@ class Console:
 class _Seen:
     """What the launcher knows of one task's progress."""
 
-    __slots__ = ("step", "total", "fitting", "moved")
+    __slots__ = ("step", "total", "fitting", "moved", "rates")
 
     def __init__(self):
         self.step: Optional[int] = None
         self.total: Optional[int] = None
         self.fitting = False
         self.moved = 0.0  # time.monotonic() when its step last changed, or its fit began
+        self.rates: collections.deque = collections.deque()  # (time, step) of its last reads
+
+
+def _rate(rates: collections.deque, now: float, step: int) -> Optional[float]:
+    """Steps/s over the last RATE_WINDOW seconds, `step` read at `now` added to `rates`."""
+    rates.append((now, step))
+    while rates and now - rates[0][0] > RATE_WINDOW:
+        rates.popleft()
+    (first_time, first_step), (last_time, last_step) = rates[0], rates[-1]
+    if last_time > first_time:
+        return (last_step - first_step) / (last_time - first_time)
+    return None
 
 
 class Monitor:
@@ -98,7 +111,16 @@ class Monitor:
     the status line).
     """
 
-    def __init__(self, tasks, console: Console, stall_timeout: float, every: float, now: float):
+    def __init__(
+        self,
+        tasks,
+        console: Console,
+        stall_timeout: float,
+        every: float,
+        now: float,
+        per_task: bool = False,
+    ):
+        self.per_task = per_task  # each task's step and steps/s in the line (--verbose)
         self.tasks = [t for t in tasks if not t.plan.serves]
         self.servers = [t for t in tasks if t.plan.serves]  # asked for their stacks at a stall
         self.console, self.stall_timeout, self.every = console, stall_timeout, every
@@ -143,15 +165,18 @@ class Monitor:
             return
         slowest = min(steps, key=lambda name: (steps[name], name))
         step = steps[slowest]
-        self.rates.append((now, step))
-        while self.rates and now - self.rates[0][0] > RATE_WINDOW:
-            self.rates.popleft()
+        rate = _rate(self.rates, now, step)
+        rates = {name: _rate(self.seen[name].rates, now, value) for name, value in steps.items()}
         total = self.seen[slowest].total
         text = f"[tfdist] step {step}" + (f"/{total}" if total else "")
-        (first_time, first_step), (last_time, last_step) = self.rates[0], self.rates[-1]
-        if last_time > first_time:
-            text += f", {(last_step - first_step) / (last_time - first_time):.1f} steps/s"
-        if len(set(steps.values())) > 1:
+        if rate is not None:
+            text += f", {rate:.1f} steps/s"
+        if self.per_task:
+            text += "; " + ", ".join(
+                f"{name} {value}" + (f" {rates[name]:.1f}/s" if rates[name] is not None else "")
+                for name, value in sorted(steps.items())
+            )
+        elif len(set(steps.values())) > 1:
             text += f", slowest {slowest} (the others at " + ", ".join(
                 f"{name} {value}" for name, value in sorted(steps.items()) if name != slowest
             )
