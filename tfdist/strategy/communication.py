@@ -65,6 +65,21 @@ def _require_gpus_for_nccl(strategy: str, devices: Sequence[str], choices: Seque
         )
 
 
+def _chosen(
+    strategy: str, communication: str, devices: Sequence[str], shared: bool, otherwise: str
+) -> str:
+    """`communication` checked against `strategy`'s choices, "auto" resolved: NCCL where every
+    replica is a GPU that nothing else uses (`shared`: another replica or task uses one of
+    them), else `otherwise`; NCCL only where every replica is a GPU."""
+    choices = MIRRORED if strategy == "mirrored" else MULTI_WORKER
+    communication = check_communication(strategy, communication, choices)
+    if communication == "auto":
+        communication = "nccl" if _all_gpus(devices) and not shared else otherwise
+    if communication == "nccl":
+        _require_gpus_for_nccl(strategy, devices, choices)
+    return communication
+
+
 def mirrored_cross_device_ops(
     communication: str, devices: Sequence[str], gpus_share_a_device: bool = False
 ):
@@ -73,12 +88,10 @@ def mirrored_cross_device_ops(
     GPU, `tfdist.strategy.devices.gpus_share_a_device`, where NCCL would see one GPU twice)."""
     import tensorflow as tf
 
-    communication = check_communication("mirrored", communication, MIRRORED)
-    if communication == "auto":
-        nccl = _all_gpus(devices) and not gpus_share_a_device
-        communication = "nccl" if nccl else "reduce_to_one_device"
+    communication = _chosen(
+        "mirrored", communication, devices, gpus_share_a_device, "reduce_to_one_device"
+    )
     if communication == "nccl":
-        _require_gpus_for_nccl("mirrored", devices, MIRRORED)
         return tf.distribute.NcclAllReduce()
     if communication == "hierarchical_copy":
         return tf.distribute.HierarchicalCopyAllReduce()
@@ -100,12 +113,9 @@ def collective_implementation(
     Raises:
         ValueError: an unknown choice, NCCL with a CPU replica, Gloo with a GPU replica.
     """
-    communication = check_communication("multi_worker_mirrored", communication, MULTI_WORKER)
-    if communication == "auto":
-        nccl = _all_gpus(devices) and not tasks_share_gpus
-        communication = "nccl" if nccl else "ring"
-    if communication == "nccl":
-        _require_gpus_for_nccl("multi_worker_mirrored", devices, MULTI_WORKER)
+    communication = _chosen(
+        "multi_worker_mirrored", communication, devices, tasks_share_gpus, "ring"
+    )
     if communication == "gloo" and any("gpu" in d.lower() for d in devices):
         raise ValueError(
             f"communication='gloo' all-reduces between processes on their CPUs, but this "
