@@ -196,6 +196,17 @@ def _steps(value: str) -> Optional[tuple]:
 
 
 _NAMESPACE_CHOICES = ("auto", "off", "require")
+# What some strategy's `communication=` takes (tfdist.strategy.communication's tables; a test
+# holds the two equal): a value none takes is a typo, not a choice for another strategy.
+COMMUNICATIONS = ("auto", "ring", "nccl", "gloo", "hierarchical_copy", "reduce_to_one_device")
+
+
+def _communication(value: str) -> Optional[str]:
+    """A value of some strategy's `communication=` (any case); None when blank."""
+    key = value.strip().lower()
+    if key and key not in COMMUNICATIONS:
+        raise ValueError(f"one of {', '.join(COMMUNICATIONS)}")
+    return key or None
 
 
 def _namespace(value: str) -> str:
@@ -221,11 +232,12 @@ STRATEGY = Setting(
 )
 COMMUNICATION = Setting(
     "TFDIST_COMMUNICATION",
-    _lower_or_none,
+    _communication,
     None,
     'replaces `communication="auto"`: `ring`, `nccl`, `gloo` (multi_worker_mirrored), `nccl`, '
     "`hierarchical_copy`, `reduce_to_one_device` (mirrored); a strategy that does not take the "
-    'value keeps `"auto"`; `tfdist launch --communication` sets it',
+    'value keeps `"auto"`; a value no strategy takes is refused; `tfdist launch '
+    "--communication` sets it",
     "`make_strategy`, `tfdist doctor`",
     "unset",
 )

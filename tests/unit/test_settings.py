@@ -37,8 +37,9 @@ CASES = {
         [],  # which names there are is the registry's: tests/unit/test_strategy_registry.py
     ),
     settings.COMMUNICATION: (
-        [("NCCL", "nccl"), (" ring ", "ring"), ("", None), ("other", "other")],
-        [],  # a value the strategy does not take leaves "auto", as before
+        [("NCCL", "nccl"), (" ring ", "ring"), ("", None)]
+        + [("Reduce_To_One_Device", "reduce_to_one_device"), ("gloo", "gloo")],
+        ["rign", "other", "mpi"],  # a value some strategy does not take leaves "auto" for it
     ),
     settings.GRADIENT_COMPRESSION: (
         [("bf16", "bf16"), (" BFloat16 ", "bf16"), ("fp16", "fp16"), ("float16", "fp16")]
@@ -204,3 +205,10 @@ def test_the_docs_table_is_markdown_table():
     assert generated.strip() == settings.markdown_table().strip(), (
         "regenerate the table between the markers with tfdist.settings.markdown_table()"
     )
+
+
+def test_the_communications_a_setting_takes_are_the_strategies_own():
+    from tfdist.strategy import communication
+
+    taken = set(communication.MULTI_WORKER) | set(communication.MIRRORED)
+    assert set(settings.COMMUNICATIONS) == taken
