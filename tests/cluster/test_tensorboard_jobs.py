@@ -96,8 +96,9 @@ def test_the_chief_alone_writes_the_logs_and_the_job_shows_its_progress(
             assert np.allclose(logged[tag], reference[key], rtol=1e-5), (tag, logged, reference)
     assert not list(tmp_path.glob("**/workertemp*")), "a worker's temporary logs were left"
     # the progress of the fit, from the tasks that train (the chief alone under parameter_server)
+    # (the chief's one-device reference fit, of as many steps, may be seen after it: from 0)
     steps = [int(m) for m in re.findall(rf"^\[tfdist\] step (\d+)/{STEPS}\b", output, re.M)]
-    assert steps and steps == sorted(steps) and max(steps) <= STEPS, output
+    assert steps and 0 < max(steps) <= STEPS, (steps, output)
     chief = "chief:0" if ps else "worker:0"  # its fit and the one-device reference's
     trainers = [chief] if ps else ["worker:0", "worker:1"]
     each = r"; " + ", ".join(rf"{t} \d+( [0-9.]+/s)?" for t in trainers) + "$"
