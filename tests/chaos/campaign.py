@@ -20,8 +20,9 @@ steps and the tasks they hit: the same seed, the same plan. It injects one or tw
     network_cut     the job's network cut for FROZEN seconds, then restored: the loopback
                     device of the job's private network namespace down (every task's links
                     at once: one task alone cannot be cut off in a namespace they share)
-    disk_full       RLIMIT_FSIZE of 4 KiB on the task that writes the checkpoint data (the
-                    leader, or ps 0): its next save fails
+    disk_full       RLIMIT_FSIZE of 4 KiB on the tasks that write the checkpoint data (the
+                    leader, or every ps: each writes the shard of its variables): the next
+                    save fails
     corrupt_backup  SIGKILL to the launcher, half the data of the newest checkpoint that the
                     backup's state file lists truncated or overwritten, the same command again
     kill_launcher   SIGKILL to the launcher, the same command again
@@ -483,16 +484,23 @@ def inject(run: Run, fault: Fault, rng: random.Random) -> None:
                 fault.note = _corrupt(path, rng) + f" ({path})"
         run.start()
         return
-    pid = task_pid(run.marker, task)
-    if pid is None and run.proc.poll() is not None:
+    tasks = [task]
+    if fault.kind == "disk_full" and trial.strategy == "parameter_server":
+        tasks = [f"ps:{i}" for i in range(trial.ps)]  # the disk is every ps's: each its shard
+    pids = [task_pid(run.marker, name) for name in tasks]
+    if None in pids and run.proc.poll() is not None:
         trial.late = f"{fault.kind}@{fault.at_step}"  # the job ended while the campaign looked
         return
-    if pid is None:
-        fault.note = f"{task} not found"
-        trial.problems.append(f"{fault.kind}: task {task} was not running at step {fault.at_step}")
+    if None in pids:
+        missing = tasks[pids.index(None)]
+        fault.note = f"{missing} not found"
+        trial.problems.append(
+            f"{fault.kind}: task {missing} was not running at step {fault.at_step}"
+        )
         return
-    _hit(pid, fault)
-    fault.note = fault.note or f"{task} (pid {pid})"
+    for pid in pids:
+        _hit(pid, fault)
+    fault.note = fault.note or ", ".join(f"{name} (pid {pid})" for name, pid in zip(tasks, pids))
 
 
 def _hit(pid: int, fault: Fault) -> None:
