@@ -161,9 +161,6 @@ class _Reporter(threading.Thread):
             }
         _write(self.path)
 
-    def stacks(self) -> None:
-        _answer(self.path)
-
     def watch(self) -> None:
         """Without the launcher: a fit whose step has not moved for stall_timeout seconds."""
         waited = time.monotonic() - self.moved
@@ -184,7 +181,7 @@ class _Reporter(threading.Thread):
             time.sleep(PROGRESS_SECONDS)
             try:
                 if self.path is not None:
-                    self.stacks()
+                    _answer(self.path)
                 self.report()
                 if self.path is None and self.stall_timeout:
                     self.watch()

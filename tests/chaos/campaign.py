@@ -440,10 +440,14 @@ def network_cut_unavailable() -> str:
     return ""
 
 
-def _task_of(fault: Fault, strategy: str) -> str:
-    if fault.task == "writer":  # the task that writes the checkpoint's data: a ps holds them
-        return "ps:0" if strategy == "parameter_server" else _leader(strategy)
-    return _leader(strategy) if fault.task == "leader" else fault.task
+def _tasks_of(fault: Fault, trial: Trial) -> List[str]:
+    """The tasks a fault hits: "writer" is every task that writes checkpoint data (the leader,
+    or every ps: each writes the shard of its variables), "leader" worker 0 or the chief."""
+    if fault.task == "writer" and trial.strategy == "parameter_server":
+        return [f"ps:{i}" for i in range(trial.ps)]
+    if fault.task in ("writer", "leader"):
+        return [_leader(trial.strategy)]
+    return [fault.task]
 
 
 def _log_size(run: Run) -> int:
@@ -455,7 +459,7 @@ def _log_size(run: Run) -> int:
 
 def inject(run: Run, fault: Fault, rng: random.Random) -> None:
     trial = run.trial
-    task = _task_of(fault, trial.strategy)
+    tasks = _tasks_of(fault, trial)
     fault.injected_at, fault.step_then = time.monotonic(), run.progress()
     fault.starts_then, fault.log_at = run.starts(), _log_size(run)
     if fault.kind in ("kill_launcher", "corrupt_backup"):
@@ -484,9 +488,6 @@ def inject(run: Run, fault: Fault, rng: random.Random) -> None:
                 fault.note = _corrupt(path, rng) + f" ({path})"
         run.start()
         return
-    tasks = [task]
-    if fault.kind == "disk_full" and trial.strategy == "parameter_server":
-        tasks = [f"ps:{i}" for i in range(trial.ps)]  # the disk is every ps's: each its shard
     pids = [task_pid(run.marker, name) for name in tasks]
     if None in pids and run.proc.poll() is not None:
         trial.late = f"{fault.kind}@{fault.at_step}"  # the job ended while the campaign looked
@@ -622,7 +623,7 @@ def _judge_recovery(trial: Trial, fault: Fault) -> None:
 def _judge_freeze(trial: Trial, fault: Fault, segment: str) -> None:
     """The tasks named as unresponsive after a freeze (in the job's output from the freeze to
     the next fault) are the frozen one; a job that stopped after it named it."""
-    frozen = _task_of(fault, trial.strategy)
+    (frozen,) = _tasks_of(fault, trial)
     named = unresponsive_tasks(segment)
     wrong = [task for task in named if task != frozen]
     if wrong:

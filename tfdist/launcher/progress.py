@@ -166,12 +166,12 @@ class Monitor:
         slowest = min(steps, key=lambda name: (steps[name], name))
         step = steps[slowest]
         rate = _rate(self.rates, now, step)
-        rates = {name: _rate(self.seen[name].rates, now, value) for name, value in steps.items()}
         total = self.seen[slowest].total
         text = f"[tfdist] step {step}" + (f"/{total}" if total else "")
         if rate is not None:
             text += f", {rate:.1f} steps/s"
         if self.per_task:
+            rates = {name: _rate(self.seen[name].rates, now, n) for name, n in steps.items()}
             text += "; " + ", ".join(
                 f"{name} {value}" + (f" {rates[name]:.1f}/s" if rates[name] is not None else "")
                 for name, value in sorted(steps.items())
