@@ -22,7 +22,8 @@ install: $(STAMP)
 
 # Two pytest processes, each running whole test files: a multi-process test leaves the cores
 # idle while its processes start, wait on each other or on a timeout, and the other fills them.
-XDIST ?= -n 2 --dist loadfile
+# Files go in the order tests/conftest.py gives (longest first), not sorted by test count.
+XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)

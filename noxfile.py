@@ -60,7 +60,7 @@ def _scenarios(session, name):
     try:
         session.run(
             "python", "-m", "pytest", "-q", "-m", "scenario", "-p", "no:cacheprovider",
-            "-n", "2", "--dist", "loadfile",
+            "-n", "2", "--dist", "loadfile", "--no-loadscope-reorder",
             f"--scenario-report={report}", *session.posargs,
             env={"TF_CPP_MIN_LOG_LEVEL": "2"},
         )  # fmt: skip
