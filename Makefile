@@ -15,7 +15,7 @@ $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --retries 0 "$(TORCH)" --extra-index-url $(TORCH_INDEX)
-	$(PY) -m pip install --quiet -e ".[test,legacy,docs,bench,gloo]"
+	$(PY) -m pip install --quiet -e ".[test,legacy,docs,bench,gloo,notebook]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -62,6 +62,7 @@ _LAZY = {
     "distribute_dataset": "tfdist.data",
     "scale_learning_rate": "tfdist.learning_rate",
     "launch": "tfdist.launcher.restarts",
+    "notebook_launch": "tfdist.launcher.notebook",
     "BackupAndRestore": "tfdist.preemption.callback",
     "Preempted": "tfdist.preemption",
     "PREEMPTED_EXIT_CODE": "tfdist.preemption",

@@ -31,6 +31,19 @@ def test_every_tfdist_variable_is_documented():
     assert names and not sorted(n for n in names if f"`{n}`" not in documented)
 
 
+def test_the_extras_table_names_every_extra_of_setup_cfg():
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    extras = set(config["options.extras_require"])
+    page = (DOCS / "getting-started.md").read_text()
+    listed = set(re.findall(r"^\| `([a-z_]+)` \|", page, flags=re.M))
+    assert listed == extras, (
+        f"docs/getting-started.md lists {sorted(listed)}; setup.cfg has {sorted(extras)}"
+    )
+
+
 # ------------------------------------------------------------- one text, README and site
 
 

@@ -125,7 +125,16 @@ def _usable_cores() -> int:
 def _for_small_hosts(dataset):
     """Autotuning off on hosts with at most SMALL_HOST_CORES usable cores, unless the
     dataset's options already decide it (the user's choice stays)."""
-    if _usable_cores() > SMALL_HOST_CORES or dataset.options().autotune.enabled is not None:
+    if _usable_cores() > SMALL_HOST_CORES:
+        return dataset
+    import warnings
+
+    with warnings.catch_warnings():
+        # In a dataset function traced as a graph (parameter_server) TensorFlow warns that it
+        # reads the options of the dataset's Python object; that is the user's choice we want.
+        warnings.simplefilter("ignore", UserWarning)
+        chosen = dataset.options().autotune.enabled
+    if chosen is not None:
         return dataset
     import tensorflow as tf
 

@@ -7,7 +7,9 @@
 - `restarts`: `launch` (both, with restarts after a failure or a preemption, and elastic jobs).
 - `noise`: which lines of a task are TensorFlow's start-up noise, hidden from the terminal.
 - `smoke_job`: the 2-process job `tfdist doctor` runs.
-- `run_function`: the child side of `tfdist.testing.run_cluster` (one function in one task).
+- `run_function`: the child side of `tfdist.testing.run_cluster` and `notebook_launch` (one
+  function in one task).
+- `notebook`: `notebook_launch`, a function defined in a notebook cell run as a local job.
 
 Which GPUs each task sees is `tfdist.gpus`. The tasks run in a private network namespace
 (`tfdist.netns`) where the system allows it.

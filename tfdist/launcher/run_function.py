@@ -1,6 +1,13 @@
-"""Child side of `tfdist.testing.run_cluster`: run one function in this task, save its result.
+"""Child side of `tfdist.testing.run_cluster` and `tfdist.notebook_launch`: run one function in
+this task, save its result.
 
 python -m tfdist.launcher.run_function MODULE QUALNAME SOURCE_FILE CALL_FILE RESULT_DIR
+python -m tfdist.launcher.run_function --pickled CALL_FILE RESULT_DIR
+
+The first form imports the function by its module and name and reads its (args, kwargs) from
+CALL_FILE; the second reads (function, args, kwargs) from CALL_FILE, written by cloudpickle (a
+function defined in a notebook cell has no module to import it from), and writes the result with
+cloudpickle too.
 """
 
 from __future__ import annotations
@@ -13,6 +20,13 @@ import sys
 import traceback
 
 from tfdist import settings
+
+
+def child_pythonpath(*first: str) -> str:
+    """A PYTHONPATH with which a child process imports what this one does: `first`, then this
+    process's sys.path (existing directories, each once)."""
+    paths = [*first, *(p for p in sys.path if p and os.path.isdir(p))]
+    return os.pathsep.join(dict.fromkeys(paths))
 
 
 def load_function(module_name: str, qualname: str, source: str):
@@ -32,14 +46,26 @@ def load_function(module_name: str, qualname: str, source: str):
     return target
 
 
-def main(argv) -> int:
-    module_name, qualname, source, call_file, result_dir = argv
-    task = (settings.TASK.get() or "task").replace(":", "-")
-    result_path = os.path.join(result_dir, task + ".pkl")
+def _call(argv):
+    """(function, args, kwargs) of the call that argv names."""
+    if argv[0] == "--pickled":
+        with open(argv[1], "rb") as f:
+            return pickle.load(f)  # cloudpickle's output; it is imported as it loads
+    module_name, qualname, source, call_file, _ = argv
     with open(call_file, "rb") as f:
         args, kwargs = pickle.load(f)
+    return load_function(module_name, qualname, source), args, kwargs
+
+
+def main(argv) -> int:
+    task = (settings.TASK.get() or "task").replace(":", "-")
+    result_path = os.path.join(argv[-1], task + ".pkl")
+    pickler = pickle
+    if argv[0] == "--pickled":
+        import cloudpickle as pickler  # a value of a class defined in the notebook, too
     try:
-        value = load_function(module_name, qualname, source)(*args, **kwargs)
+        fn, args, kwargs = _call(argv)
+        value = fn(*args, **kwargs)
         from tfdist.strategy import exit_barrier
 
         try:
@@ -54,7 +80,15 @@ def main(argv) -> int:
         payload = ("error", f"{type(err).__name__}: {err}")
         code = err.code if isinstance(err, SystemExit) and isinstance(err.code, int) else 1
     with open(result_path + ".tmp", "wb") as f:
-        pickle.dump(payload, f)
+        try:
+            pickler.dump(payload, f)
+        except Exception as err:  # the value cannot be pickled: say so instead
+            f.seek(0)
+            f.truncate()
+            message = f"the function's return value cannot be pickled: {err}"
+            pickle.dump(("error", message), f)
+            print(f"tfdist: {message}", file=sys.stderr)
+            code = code or 1
     os.replace(result_path + ".tmp", result_path)
     sys.stdout.flush()
     sys.stderr.flush()

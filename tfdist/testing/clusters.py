@@ -10,13 +10,13 @@ import dataclasses
 import inspect
 import os
 import pickle
-import sys
 import tempfile
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from tfdist import settings
 from tfdist.launcher.job import plan_job, run_job
 from tfdist.launcher.outcome import JobResult
+from tfdist.launcher.run_function import child_pythonpath
 
 __all__ = ["ClusterRunError", "TaskRun", "is_running", "run_cluster"]
 
@@ -121,13 +121,6 @@ def run_cluster(
     if check and not result.ok:
         raise ClusterRunError(_report(fn, result, runs, timeout))
     return runs
-
-
-def child_pythonpath(*first: str) -> str:
-    """A PYTHONPATH with which a child process imports what this one does: `first`, then this
-    process's sys.path (existing directories, each once)."""
-    paths = [*first, *(p for p in sys.path if p and os.path.isdir(p))]
-    return os.pathsep.join(dict.fromkeys(paths))
 
 
 def function_reference(fn: Callable, caller: str = "run_cluster"):

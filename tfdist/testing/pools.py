@@ -53,8 +53,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from tfdist import settings
 from tfdist.launcher import preload as preloading
 from tfdist.launcher.job import plan_job, run_job
+from tfdist.launcher.run_function import child_pythonpath
 from tfdist.strategy import registry
-from tfdist.testing.clusters import child_pythonpath
 from tfdist.testing.strategy_server import POOL_KINDS, refuse_inside_a_pool
 
 __all__ = [
