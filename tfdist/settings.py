@@ -476,6 +476,25 @@ GPU_MEMORY_GROWTH = Setting(
     "`tfdist launch`, `tfdist.launch`, `tfdist horovodrun`, `hvd.init()`, `make_strategy` (SLURM)",
     "`1`",
 )
+RENDEZVOUS_TOKEN = Setting(
+    "TFDIST_RENDEZVOUS_TOKEN",
+    _text_or_none,
+    None,
+    "the secret every node of a multi-node `tfdist launch` presents to the rendezvous (it "
+    "never crosses the network: each node answers a challenge with it); `--token` wins; never "
+    "passed on to the tasks",
+    "`tfdist launch --nodes`",
+    "unset (node 0 makes one and prints it)",
+)
+RENDEZVOUS_TIMEOUT = Setting(
+    "TFDIST_RENDEZVOUS_TIMEOUT",
+    _seconds,
+    300,
+    "seconds a node waits for the rendezvous to answer, and the rendezvous for every node to "
+    "join (at the start, and after a restart for a lost node to come back), then the job ends "
+    "with an error naming the address or the nodes; `--rendezvous-timeout` wins",
+    "`tfdist launch --nodes`",
+)
 
 SETTINGS = (
     STRATEGY,
@@ -502,6 +521,8 @@ SETTINGS = (
     PRELOAD,
     GPUS,
     GPU_MEMORY_GROWTH,
+    RENDEZVOUS_TOKEN,
+    RENDEZVOUS_TIMEOUT,
 )
 
 

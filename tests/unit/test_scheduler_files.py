@@ -31,15 +31,30 @@ def _sbatch_options():
     return options
 
 
-def test_the_batch_script_is_valid_bash():
-    proc = subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True, text=True)
+BATCH_SCRIPTS = sorted((EXAMPLES / "slurm").glob("*.sbatch"))
+
+
+@pytest.mark.parametrize("script", BATCH_SCRIPTS, ids=lambda p: p.name)
+def test_each_batch_script_is_valid_bash(script):
+    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
-def test_the_batch_script_passes_shellcheck():
-    proc = subprocess.run(["shellcheck", str(SBATCH)], capture_output=True, text=True)
+@pytest.mark.parametrize("script", BATCH_SCRIPTS, ids=lambda p: p.name)
+def test_each_batch_script_passes_shellcheck(script):
+    proc = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_multi_node_batch_script_runs_one_launcher_per_node_with_the_allocations_ranks():
+    """`tfdist launch` takes --nodes and --node-rank from SLURM_NNODES and SLURM_NODEID
+    (tests/cluster/test_multi_node.py runs such a job), so the script gives neither."""
+    text = (EXAMPLES / "slurm" / "launch-nodes.sbatch").read_text()
+    assert "srun --ntasks-per-node=1 tfdist launch" in text
+    command = text.split("srun --ntasks-per-node=1", 1)[1]
+    assert "--node-rank" not in command and "--nodes" not in command
+    assert "export TFDIST_RENDEZVOUS_TOKEN" in text
 
 
 def test_the_batch_script_may_be_requeued_and_is_signalled_before_its_time_limit():

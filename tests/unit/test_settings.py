@@ -105,6 +105,8 @@ CASES = {
     settings.HOROVOD_SHIM: ([("1", True), ("yes", True), ("0", False), ("", False)], ["horovod"]),
     settings.GPUS: ([("0", 0), ("4", 4), (" 8 ", 8)], ["two", "-1", "0,1"]),
     settings.GPU_MEMORY_GROWTH: ([("1", True), ("0", False), ("off", False)], ["grow"]),
+    settings.RENDEZVOUS_TOKEN: ([("s3cret", "s3cret"), ("", None)], []),
+    settings.RENDEZVOUS_TIMEOUT: ([("300", 300.0), ("2.5", 2.5)], ["-1", "soon", "inf"]),
 }
 
 

@@ -92,6 +92,17 @@ def _gpus_per_worker(text: str):
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _per_node(text: str):
+    if text.strip().lower() == "gpu":
+        return "gpu"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of workers or gpu. Received: {text!r}. HINT: e.g. 2, or gpu"
+        ) from None
+
+
 def _num_proc(text: str):
     """`-np N` or `-np gpu`."""
     if text.strip().lower() == "gpu":
@@ -226,6 +237,52 @@ def _add_launch_parser(sub) -> None:
         "(default: hidden, like TFDIST_VERBOSE=0; errors are always shown), and every "
         "task's step and steps/s in the progress line",
     )
+    nodes = lau.add_argument_group(
+        "multi-node jobs",
+        "the same command on every node, each with its own --node-rank; under SLURM (srun "
+        "--ntasks-per-node=1) --nodes and --node-rank default to the allocation's",
+    )
+    nodes.add_argument(
+        "--nodes", type=int, default=None, help="the machines of the job, one launcher each"
+    )
+    nodes.add_argument(
+        "--node-rank", "--node_rank", type=int, default=None, help="this node: 0 .. NODES - 1"
+    )
+    nodes.add_argument(
+        "--rendezvous",
+        metavar="HOST:PORT",
+        help="node 0's address and a free port there, where the nodes agree on the cluster",
+    )
+    nodes.add_argument(
+        "--workers-per-node",
+        "--workers_per_node",
+        type=_per_node,
+        default=1,
+        metavar="K|gpu",
+        help="workers on each node (default 1); gpu: one per --gpus-per-worker GPUs",
+    )
+    nodes.add_argument(
+        "--ps-per-node", "--ps_per_node", type=int, default=0, help="ps tasks on each node"
+    )
+    nodes.add_argument(
+        "--token",
+        help="the job's secret (default TFDIST_RENDEZVOUS_TOKEN; node 0 makes one and prints it "
+        "where neither is given)",
+    )
+    nodes.add_argument(
+        "--node-address",
+        "--node_address",
+        help="where the other nodes reach this one (default: its address on the way to the "
+        "rendezvous)",
+    )
+    nodes.add_argument(
+        "--rendezvous-timeout",
+        "--rendezvous_timeout",
+        type=seconds,
+        default=None,
+        help="seconds to wait for the rendezvous and for every node (default 300, "
+        "TFDIST_RENDEZVOUS_TIMEOUT)",
+    )
     lau.add_argument(
         "-m", dest="module", action="store_true", help="TARGET is a module name, run as python -m"
     )
@@ -342,6 +399,8 @@ def launch_command(args) -> int:
     from tfdist.launcher.outcome import GRACE_SECONDS, exit_code
     from tfdist.launcher.restarts import launch_job
 
+    if args.rendezvous or args.nodes is not None:
+        return _nodes_command(args)
     refusal = _refusal(args)
     if refusal:
         print(f"tfdist launch: error: {refusal}", file=sys.stderr)
@@ -394,6 +453,71 @@ def launch_command(args) -> int:
     if args.summary_json:
         _write_summary(args.summary_json, result, exit_code(result))
     return exit_code(result)
+
+
+def _nodes_command(args) -> int:
+    """`tfdist launch --nodes N --node-rank R --rendezvous HOST:PORT ...`: this node's part."""
+    from tfdist.launcher.nodes import launch_nodes
+    from tfdist.launcher.outcome import GRACE_SECONDS, exit_code
+    from tfdist.launcher.rendezvous import RendezvousError
+
+    def error(text: str) -> int:
+        print(f"tfdist launch: error: {text}", file=sys.stderr)
+        return 2
+
+    nodes = args.nodes if args.nodes is not None else _slurm_count("SLURM_NNODES")
+    rank = args.node_rank if args.node_rank is not None else _slurm_count("SLURM_NODEID")
+    if not args.rendezvous or nodes is None or rank is None:
+        return error(
+            "a multi-node job needs --nodes N, --node-rank R and --rendezvous HOST:PORT "
+            "(under SLURM, --nodes and --node-rank default to the allocation's). HINT: e.g. "
+            "tfdist launch --nodes 2 --node-rank 0 --rendezvous 10.0.0.1:29400 "
+            "--workers-per-node 2 train.py"
+        )
+    if args.workers != 1 or args.ps or args.chief or args.evaluator or args.dry_run:
+        return error(
+            "--workers, --ps, --chief, --evaluator and --dry-run are for a job on this machine; "
+            "a multi-node job takes --workers-per-node and --ps-per-node (its chief runs on node "
+            "0 where it has ps tasks). HINT: e.g. --nodes 2 --workers-per-node 2 --ps-per-node 1"
+        )
+    if not args.module and not os.path.exists(args.target):
+        return error(_no_script(args))
+    script_args = list(args.args)
+    if script_args[:1] == ["--"]:
+        script_args = script_args[1:]
+    if args.stall_timeout is not None:
+        os.environ[settings.STALL_TIMEOUT.name] = repr(args.stall_timeout)
+    try:
+        result = launch_nodes(
+            args.target,
+            script_args,
+            nodes=nodes,
+            node_rank=rank,
+            rendezvous=args.rendezvous,
+            workers_per_node=args.workers_per_node,
+            ps_per_node=args.ps_per_node,
+            token=args.token,
+            node_address=args.node_address,
+            module=args.module,
+            max_restarts=args.max_restarts,
+            timeout=args.timeout,
+            grace=GRACE_SECONDS if args.grace is None else args.grace,
+            rendezvous_timeout=args.rendezvous_timeout,
+            log_dir=args.log_dir,
+            extra_env=_extra_env(args),
+            verbose=args.verbose,
+            gpus_per_worker=args.gpus_per_worker,
+        )
+    except (ValueError, RendezvousError) as err:
+        return error(str(err))
+    if args.summary_json:
+        _write_summary(args.summary_json, result, exit_code(result))
+    return exit_code(result)
+
+
+def _slurm_count(name: str) -> Optional[int]:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else None
 
 
 def _write_summary(path: str, result, code: int) -> None:

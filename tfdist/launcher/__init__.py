@@ -9,6 +9,8 @@
 - `smoke_job`: the 2-process job `tfdist doctor` runs.
 - `run_function`: the child side of `tfdist.testing.run_cluster` and `notebook_launch` (one
   function in one task).
+- `nodes`: `launch_nodes`, one node's part of a job across machines (`tfdist launch --nodes`);
+  `rendezvous`: where the nodes agree on the cluster and on every stop and restart.
 - `notebook`: `notebook_launch`, a function defined in a notebook cell run as a local job.
 
 Which GPUs each task sees is `tfdist.gpus`. The tasks run in a private network namespace

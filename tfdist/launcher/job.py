@@ -99,6 +99,7 @@ def plan_job(
     gpus_per_worker: Optional[gpu_lib.PerWorker] = None,
     evaluator_gpus: int = 0,
     visible_gpus: Optional[Sequence[str]] = None,
+    only: Optional[Sequence[str]] = None,
 ) -> List[TaskPlan]:
     """Computes the command and environment of every task of a local job. Spawns nothing.
 
@@ -114,6 +115,8 @@ def plan_job(
             (`tfdist.gpus`); None leaves every task the launcher's GPUs.
         evaluator_gpus: int. GPUs for the evaluator task (default none).
         visible_gpus: list of str. The GPUs to hand out. Defaults to `gpus.visible()`.
+        only: list of str. The tasks this host runs ("worker:2"), of a `cluster` that spans
+            several hosts (a multi-node job); the GPUs go to those. Defaults to every task.
 
     Returns:
         list[TaskPlan], in TF_CONFIG task order.
@@ -136,13 +139,14 @@ def plan_job(
         cluster = ClusterSpec.local(workers=workers, ps=ps, chief=chief, evaluator=evaluator)
     python = python or sys.executable
     script = [python, "-m", target] if module else [python, target]
+    tasks = cluster.tasks
+    if only is not None:
+        tasks = [(job, index) for job, index in tasks if f"{job}:{index}" in set(only)]
     on_gpus = {}
     if gpus_per_worker is not None:
-        on_gpus = gpu_lib.plan(
-            cluster.tasks, cluster.num_ps, gpus_per_worker, evaluator_gpus, visible_gpus
-        )
+        on_gpus = gpu_lib.plan(tasks, cluster.num_ps, gpus_per_worker, evaluator_gpus, visible_gpus)
     plans = []
-    for job, index in cluster.tasks:
+    for job, index in tasks:
         serves = bool(cluster.num_ps) and job in ("worker", "ps")
         argv = [python, "-m", "tfdist", "serve"] if serves else script + list(args)
         env = {
@@ -191,6 +195,7 @@ class _Task:
         self.ended: Optional[float] = None
         self.stopped = False
         env = dict(os.environ)
+        env.pop(settings.RENDEZVOUS_TOKEN.name, None)  # a multi-node job's secret stays here
         env.update(plan.env)
         # Where the task reports the steps it trained (tfdist.training_report), for the summary.
         self.report = env.setdefault(
@@ -395,6 +400,7 @@ def run_job(
     verbose: Optional[bool] = None,
     stop_when: Optional[Callable[[], Optional[str]]] = None,
     preload: bool = False,
+    private_network: bool = True,
 ) -> JobResult:
     """Runs the planned tasks until every script task has exited, or one fails.
 
@@ -414,6 +420,8 @@ def run_job(
             reason (a str), every task is stopped as above and the job ends with that reason.
         preload: bool. Fork the Python tasks from a process that has imported TensorFlow
             (`tfdist.launcher.preload`) instead of starting each afresh. Defaults to False.
+        private_network: bool. False runs the tasks in the host's network whatever
+            TFDIST_NETWORK_NAMESPACE says (a multi-node job: other hosts must reach them).
 
     While the tasks train, their progress is shown and a stall is named
     (`tfdist.launcher.progress`: TFDIST_STATUS_EVERY, TFDIST_STALL_TIMEOUT), unless `quiet`.
@@ -438,7 +446,7 @@ def run_job(
         live=bool(every) and _is_terminal(out),
         log=os.path.join(log_dir, LAUNCHER_LOG) if log_dir else None,
     )
-    namespace = _job_namespace(out, quiet)  # closed below, with the tasks
+    namespace = _job_namespace(out, quiet) if private_network else None  # closed below
     tasks: List[_Task] = []
     report_dir = tempfile.mkdtemp(prefix="tfdist-reports-")
     watch = _Watch(timeout, grace, stop_when)
@@ -542,8 +550,9 @@ class _Watch:
         ended = [t for t in tasks if t.ended is not None]
         if any(t.proc.returncode not in (0, PREEMPTED_EXIT_CODE) for t in ended):
             return "failed"
-        if all(t.ended is not None for t in scripts):
+        if scripts and all(t.ended is not None for t in scripts):
             return "ended"  # "done" or "preempted": the exit codes tell (run_job)
+        # (servers only, a node of a multi-node parameter-server job: until `stop_when`)
         if self.interrupted:
             return "interrupted"
         asked = self.stop_when() if self.stop_when is not None else None

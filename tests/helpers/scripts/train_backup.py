@@ -1,8 +1,9 @@
 """A 2-worker Keras job with BackupAndRestore, for the launcher's restart test.
 
-    python train_backup.py DIRECTORY [--kill-worker-1-in-epoch N]
+    python train_backup.py DIRECTORY [--kill-worker-1-in-epoch N] [--step-seconds S]
 
-Worker 1 kills itself (SIGKILL) in the middle of epoch N (1-based) the first time only.
+Worker 1 kills itself (SIGKILL) in the middle of epoch N (1-based) the first time only. With
+--step-seconds, every step takes S seconds more (time for a test to act in mid-training).
 The chief appends each finished epoch to DIRECTORY/epochs.log and saves the final weights
 to DIRECTORY/final.npz.
 """
@@ -10,13 +11,14 @@ to DIRECTORY/final.npz.
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 
 import tfdist
 
 
-def main(directory, kill_in_epoch=None):
+def main(directory, kill_in_epoch=None, step_seconds=0.0):
     strategy = tfdist.make_strategy()
     import tensorflow as tf
 
@@ -41,6 +43,7 @@ def main(directory, kill_in_epoch=None):
             self.epoch = epoch
 
         def on_train_batch_end(self, batch, logs=None):
+            time.sleep(step_seconds)
             if (
                 kill_in_epoch is not None
                 and spec.task_index == 1
@@ -67,9 +70,10 @@ def main(directory, kill_in_epoch=None):
 
 
 if __name__ == "__main__":
-    kill = (
-        int(sys.argv[3])
-        if len(sys.argv) > 3 and sys.argv[2] == "--kill-worker-1-in-epoch"
-        else None
+    flags = dict(zip(sys.argv[2::2], sys.argv[3::2]))
+    kill = flags.get("--kill-worker-1-in-epoch")
+    main(
+        sys.argv[1],
+        int(kill) if kill else None,
+        float(flags.get("--step-seconds", 0)),
     )
-    main(sys.argv[1], kill)

@@ -1,0 +1,211 @@
+"""Multi-node jobs (`tfdist launch --nodes N --node-rank R --rendezvous HOST:PORT`), with each
+node a launcher process of its own at its own loopback address (127.0.0.1, 127.0.0.2, ...;
+Linux routes all of 127.0.0.0/8 to the loopback device).
+
+- 2 nodes x 2 workers train as one multi_worker_mirrored job of 4 replicas; a node with another
+  script and a connection with a wrong token are refused on the way, and the job goes on; the
+  token reaches no task.
+- A node's launcher SIGKILLed mid-training: its tasks end with it, the other node stops its
+  own, and the job restarts on both once the node is started again, with final weights equal
+  to an uninterrupted run's.
+- 3 nodes run a parameter-server job: the chief on node 0, a worker and a ps on each node; their
+  number and ranks from SLURM_NNODES and SLURM_NODEID, as under `srun --ntasks-per-node=1`.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tfdist.cluster.spec import free_ports
+from tfdist.launcher import launch
+from tfdist.launcher.rendezvous import Client, RendezvousError
+from tfdist.testing import is_running
+
+from helpers.paths import SCRIPTS
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "the-job-token"
+ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TFDIST_RENDEZVOUS_TOKEN": TOKEN}
+
+
+class _Node:
+    """One node: `tfdist launch --nodes ...` at 127.0.0.(rank + 1), its output in a file."""
+
+    def __init__(self, tmp, rank, nodes, port, script, args, *flags, slurm=False):
+        """`slurm`: --nodes and --node-rank left out, taken from SLURM_NNODES and SLURM_NODEID
+        (as `srun --ntasks-per-node=1 tfdist launch ...` sets them on each node)."""
+        self.log = tmp / f"node{rank}-{time.monotonic_ns()}.log"
+        env = dict(os.environ, **ENV)
+        if slurm:
+            env.update(SLURM_NNODES=str(nodes), SLURM_NODEID=str(rank))
+            where = []
+        else:
+            where = ["--nodes", str(nodes), "--node-rank", str(rank)]
+        command = [
+            sys.executable, "-m", "tfdist", "launch", *where,
+            "--rendezvous", f"127.0.0.1:{port}", "--node-address", f"127.0.0.{rank + 1}",
+            "--rendezvous-timeout", "120", *flags, str(script), *map(str, args),
+        ]  # fmt: skip
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def text(self):
+        return self.log.read_text()
+
+    def wait(self, seconds=300):
+        try:
+            return self.proc.wait(seconds)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"the node did not end in {seconds} s:\n{self.text()}") from None
+
+    def wait_for(self, text, seconds=120):
+        deadline = time.monotonic() + seconds
+        while text not in self.text():
+            assert time.monotonic() < deadline, f"{text!r} not seen:\n{self.text()}"
+            time.sleep(0.2)
+
+
+def _descendants(pid):
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def test_two_nodes_of_two_workers_are_one_job_and_strangers_are_refused(tmp_path):
+    (port,) = free_ports(1)
+    script = os.path.join(SCRIPTS, "nodes_report.py")
+    node0 = _Node(tmp_path, 0, 2, port, script, [tmp_path], "--workers-per-node", "2")
+    try:
+        node0.wait_for("node 0 joined")
+        # another script: refused at the rendezvous, its launcher ends with the reason
+        other = tmp_path / "nodes_report.py"
+        shutil.copy(script, other)
+        with open(other, "a") as f:
+            f.write("# changed\n")
+        stranger = _Node(tmp_path, 1, 2, port, other, [tmp_path], "--workers-per-node", "2")
+        assert stranger.wait(60) == 2
+        assert "refused this node: it runs another script" in stranger.text()
+        # a wrong token: refused, and logged by node 0
+        with pytest.raises(RendezvousError, match="refused this node: a wrong token"):
+            Client(
+                ("127.0.0.1", port), token="guess", rank=1, nodes=2, digest="", version="",
+                timeout=10,
+            ).connect()  # fmt: skip
+        node1 = _Node(tmp_path, 1, 2, port, script, [tmp_path], "--workers-per-node", "2")
+        assert (node0.wait(), node1.wait()) == (0, 0), node0.text() + node1.text()
+    finally:
+        if node0.proc.poll() is None:
+            node0.proc.kill()
+    assert "The rendezvous refused 127.0.0.1" in node0.text()
+    assert ": a wrong token" in node0.text()
+    reports = {
+        name: json.loads((tmp_path / f"worker-{name}.json").read_text()) for name in range(4)
+    }
+    assert {r["replicas"] for r in reports.values()} == {4}
+    cluster = reports[0]["TF_CONFIG"]["cluster"]["worker"]
+    assert [address.split(":")[0] for address in cluster] == ["127.0.0.1"] * 2 + ["127.0.0.2"] * 2
+    assert len({r["weights"] for r in reports.values()}) == 1  # one model, in sync
+    assert not any(r["token_seen"] for r in reports.values())
+    assert TOKEN not in node0.text() + node1.text()
+    for text in (node0.text(), node1.text()):
+        assert "The job ended done" in text
+        assert "its tasks listen on every interface of this host" in text
+
+
+def test_a_killed_node_comes_back_and_every_node_restarts_from_the_backup(tmp_path):
+    interrupted, uninterrupted = tmp_path / "interrupted", tmp_path / "uninterrupted"
+    interrupted.mkdir()
+    uninterrupted.mkdir()
+    (port,) = free_ports(1)
+    script = os.path.join(SCRIPTS, "train_backup.py")
+    args = [interrupted, "--step-seconds", "0.2"]
+    flags = ("--workers-per-node", "1", "--max-restarts", "1")
+    node0 = _Node(tmp_path, 0, 2, port, script, args, *flags)
+    node1 = _Node(tmp_path, 1, 2, port, script, args, *flags)
+    try:
+        deadline = time.monotonic() + 180
+        epochs = interrupted / "epochs.log"
+        while not (epochs.exists() and epochs.read_text()):  # epoch 1 of 3 is done
+            assert time.monotonic() < deadline and node0.proc.poll() is None, node0.text()
+            time.sleep(0.1)
+        tasks = _descendants(node1.proc.pid)
+        assert tasks
+        node1.proc.send_signal(signal.SIGKILL)
+        node1.proc.wait()
+        deadline = time.monotonic() + 15
+        while any(is_running(p) for p in tasks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in tasks if is_running(p)], "a task outlived its node's launcher"
+        node0.wait_for("Restarting the job on every node (restart 1/1)", 120)
+        node1 = _Node(tmp_path, 1, 2, port, script, args, *flags)
+        assert (node0.wait(), node1.wait()) == (0, 0), node0.text() + node1.text()
+    finally:
+        for node in (node0, node1):
+            if node.proc.poll() is None:
+                node.proc.kill()
+    assert "node 1 was lost" in node0.text()
+    assert [line.split()[0] for line in epochs.read_text().splitlines()] == ["0", "1", "2"]
+    launch(
+        script,
+        [str(uninterrupted)],
+        workers=2,
+        timeout=300,
+        extra_env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+        quiet=True,
+        check=True,
+    )
+    resumed = np.load(interrupted / "final.npz")
+    reference = np.load(uninterrupted / "final.npz")
+    for key in reference.files:
+        np.testing.assert_allclose(resumed[key], reference[key], atol=1e-5)
+
+
+def test_three_nodes_of_a_slurm_allocation_run_a_parameter_server_job(tmp_path):
+    (port,) = free_ports(1)
+    script = os.path.join(SCRIPTS, "ps_train.py")
+    flags = ("--workers-per-node", "1", "--ps-per-node", "1")
+    nodes = [
+        _Node(tmp_path, rank, 3, port, script, [tmp_path, 1], *flags, slurm=True)
+        for rank in range(3)
+    ]
+    try:
+        codes = [node.wait() for node in nodes]
+    finally:
+        for node in nodes:
+            if node.proc.poll() is None:
+                node.proc.kill()
+    assert codes == [0, 0, 0], "".join(node.text() for node in nodes)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert (result["task"], result["workers"]) == ("chief:0", 3)
+    assert result["iterations"] == result["steps_per_epoch"]  # every scheduled step, once
+    config = json.loads(json.loads((tmp_path / "chief-0.started").read_text())["TF_CONFIG"])
+    hosts = {
+        job: [address.split(":")[0] for address in addresses]
+        for job, addresses in config["cluster"].items()
+    }
+    assert hosts == {
+        "chief": ["127.0.0.1"],
+        "worker": ["127.0.0.1", "127.0.0.2", "127.0.0.3"],
+        "ps": ["127.0.0.1", "127.0.0.2", "127.0.0.3"],
+    }
