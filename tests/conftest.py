@@ -214,6 +214,7 @@ LONGEST_FIRST = (
     "cluster/test_horovod_jobs.py",
     "cluster/test_keras_mirrored.py",
     "cluster/test_preemption.py",
+    "cluster/test_multi_node.py",
     "cluster/test_gpu_check_rehearsal.py",
 )
 TIER_ORDER = ("cluster", "gpu", "inprocess", "unit")

@@ -39,14 +39,17 @@ ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TFDIST_RENDEZVOUS_TOKEN": TOKEN}
 class _Node:
     """One node: `tfdist launch --nodes ...` at 127.0.0.(rank + 1), its output in a file."""
 
-    def __init__(self, tmp, rank, nodes, port, script, args, *flags, slurm=False):
+    def __init__(self, tmp, rank, nodes, port, script, args, *flags, slurm=False, elastic=False):
         """`slurm`: --nodes and --node-rank left out, taken from SLURM_NNODES and SLURM_NODEID
-        (as `srun --ntasks-per-node=1 tfdist launch ...` sets them on each node)."""
+        (as `srun --ntasks-per-node=1 tfdist launch ...` sets them on each node); `elastic`:
+        --nodes is in `flags`."""
         self.log = tmp / f"node{rank}-{time.monotonic_ns()}.log"
         env = dict(os.environ, **ENV)
         if slurm:
             env.update(SLURM_NNODES=str(nodes), SLURM_NODEID=str(rank))
             where = []
+        elif elastic:
+            where = ["--node-rank", str(rank)]
         else:
             where = ["--nodes", str(nodes), "--node-rank", str(rank)]
         command = [
@@ -209,3 +212,43 @@ def test_three_nodes_of_a_slurm_allocation_run_a_parameter_server_job(tmp_path):
         "worker": ["127.0.0.1", "127.0.0.2", "127.0.0.3"],
         "ps": ["127.0.0.1", "127.0.0.2", "127.0.0.3"],
     }
+
+
+def test_an_elastic_job_grows_when_a_node_joins_and_goes_on_without_a_lost_one(tmp_path):
+    """--nodes 2:3: it starts on nodes 0 and 1 (node 2 is not there); node 2 joins in epoch 2
+    of 3, and every task saves at the same step and starts again on 3 nodes from the backup;
+    node 2's launcher is then killed for good, and the others go on without it. Every epoch
+    finishes exactly once; no restart is counted."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (port,) = free_ports(1)
+    script = os.path.join(SCRIPTS, "train_backup.py")
+    args = [out, "--step-seconds", "0.4"]
+    flags = ("--workers-per-node", "1", "--nodes", "2:3")
+    nodes = [_Node(tmp_path, r, None, port, script, args, *flags, elastic=True) for r in (0, 1)]
+    epochs = out / "epochs.log"
+
+    def wait_for_epochs(count):
+        deadline = time.monotonic() + 240
+        while not (epochs.exists() and len(epochs.read_text().splitlines()) >= count):
+            assert time.monotonic() < deadline and nodes[0].proc.poll() is None, nodes[0].text()
+            time.sleep(0.1)
+
+    try:
+        wait_for_epochs(1)
+        nodes.append(_Node(tmp_path, 2, None, port, script, args, *flags, elastic=True))
+        nodes[0].wait_for("node 2 joined: the job grows to 3 nodes", 60)
+        nodes[0].wait_for("Starting on 3 nodes", 60)
+        wait_for_epochs(2)  # epoch 2 trained on 3 nodes; epoch 3 takes 12 x 0.4 s
+        nodes[2].proc.send_signal(signal.SIGKILL)
+        nodes[0].wait_for("node 2 was lost", 60)
+        assert (nodes[0].wait(), nodes[1].wait()) == (0, 0), nodes[0].text() + nodes[1].text()
+    finally:
+        for node in nodes:
+            if node.proc.poll() is None:
+                node.proc.kill()
+    text = nodes[0].text()
+    assert [line.split()[0] for line in epochs.read_text().splitlines()] == ["0", "1", "2"]
+    assert text.count("Starting on 2 nodes (2:3).") == 2, text
+    assert "restart 1/" not in text and "The job ended done" in text
+    assert "[worker:2]" in nodes[2].text()  # node 2 ran its worker in the job

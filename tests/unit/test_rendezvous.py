@@ -196,3 +196,45 @@ def test_bad_arguments_are_refused_before_anything_starts(tmp_path, monkeypatch)
         with pytest.raises(ValueError, match=message):
             launch_nodes(str(script), **kwargs)
     assert parse_address("[::1]:29400") == ("::1", 29400)
+
+
+def test_an_elastic_job_starts_on_min_grows_when_a_node_joins_and_goes_on_without_a_lost_one(
+    server, monkeypatch
+):
+    from tfdist.launcher import rendezvous as rendezvous_module
+
+    monkeypatch.setattr(rendezvous_module, "ELASTIC_WINDOW", 0.5)
+    rendezvous = server(nodes=(2, 3), max_restarts=0)
+    first, second = (_client(rendezvous, r, nodes=[2, 3]).connect() for r in (0, 1))
+    for client in (first, second):
+        _ready(client)
+    starts = [c.wait(("start",), 10) for c in (first, second)]
+    assert [len(s.get("cluster", {}).get("worker", [])) for s in starts] == [2, 2]
+
+    third = _client(rendezvous, 2, nodes=[2, 3]).connect()  # joins the running job
+    _ready(third)
+    deadline = time.monotonic() + 10
+    while None in (first.stop_reason(), second.stop_reason()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert first.stop_reason() == "node 2 joined: the job grows to 3 nodes"
+    for client in (first, second):
+        client.send("ended", round=0, reason="preempted", failure="")  # saved at one step
+    for client in (first, second, third):
+        again = client.wait(("again",), 10)
+        assert (again.get("round"), again.get("restarts")) == (1, 0)
+        _ready(client)
+    starts = [c.wait(("start",), 10) for c in (first, second, third)]
+    assert [s.get("tasks") for s in starts] == [["worker:0"], ["worker:1"], ["worker:2"]]
+
+    third.line.close()  # lost, and not back: the others go on without it, not counted
+    deadline = time.monotonic() + 10
+    while first.stop_reason() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for client in (first, second):
+        client.send("ended", round=1, reason="stopped", failure="")
+    for client in (first, second):
+        assert client.wait(("again",), 10).get("restarts") == 0
+        _ready(client)
+    starts = [c.wait(("start",), 10) for c in (first, second)]
+    assert [len(s.get("cluster", {}).get("worker", [])) for s in starts] == [2, 2]
+    assert "Starting on 2 nodes (2:3)." in rendezvous.said

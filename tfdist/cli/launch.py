@@ -92,6 +92,16 @@ def _gpus_per_worker(text: str):
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _nodes(text: str):
+    low, colon, high = text.partition(":")
+    try:
+        return (int(low), int(high)) if colon else int(low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of nodes or MIN:MAX. Received: {text!r}. HINT: e.g. 2, or 2:3"
+        ) from None
+
+
 def _per_node(text: str):
     if text.strip().lower() == "gpu":
         return "gpu"
@@ -243,7 +253,12 @@ def _add_launch_parser(sub) -> None:
         "--ntasks-per-node=1) --nodes and --node-rank default to the allocation's",
     )
     nodes.add_argument(
-        "--nodes", type=int, default=None, help="the machines of the job, one launcher each"
+        "--nodes",
+        type=_nodes,
+        default=None,
+        metavar="N|MIN:MAX",
+        help="the machines of the job, one launcher each; MIN:MAX for an elastic job that starts "
+        "on MIN, goes on without a node that is lost, and grows when one joins",
     )
     nodes.add_argument(
         "--node-rank", "--node_rank", type=int, default=None, help="this node: 0 .. NODES - 1"

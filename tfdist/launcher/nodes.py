@@ -44,7 +44,7 @@ def launch_nodes(
     target: str,
     args: Sequence[str] = (),
     *,
-    nodes: int,
+    nodes,
     node_rank: int,
     rendezvous: str,
     workers_per_node: int = 1,
@@ -69,8 +69,13 @@ def launch_nodes(
     Args:
         target / args / module: the script, the same on every node (the rendezvous refuses a
             node whose script or arguments differ).
-        nodes: int. The nodes of the job, each a launcher with its own `node_rank`.
-        node_rank: int. 0 .. nodes - 1; node 0 hosts the rendezvous.
+        nodes: int. The nodes of the job, each a launcher with its own `node_rank`. A pair
+            (MIN, MAX): an elastic job, which starts once MIN nodes joined (node 0 among them)
+            and the others had `rendezvous.ELASTIC_WINDOW` seconds more, goes on without a node
+            that is lost and not back within that window (not counted against
+            `max_restarts`), and grows when a node joins later: every task saves at the same
+            step (SIGTERM, as at a preemption) and all start again with it, from the backup.
+        node_rank: int. 0 .. nodes - 1 (MAX - 1); node 0 hosts the rendezvous.
         rendezvous: str. "HOST:PORT", node 0's address and a free port there, the same on every
             node.
         workers_per_node / ps_per_node: the tasks each node runs ("gpu": one worker per
@@ -186,14 +191,20 @@ def _version() -> str:
 
 
 def _check(nodes, node_rank, workers_per_node, ps_per_node) -> None:
-    if not is_count(nodes, 1):
+    pair = isinstance(nodes, (tuple, list))
+    if not (
+        (pair and len(nodes) == 2 and all(is_count(n, 1) for n in nodes) and nodes[0] <= nodes[1])
+        or (not pair and is_count(nodes, 1))
+    ):
         raise ValueError(
-            f"--nodes must be a whole number >= 1. Received: {nodes!r}. HINT: e.g. --nodes 2 "
-            "on each of two machines."
+            f"--nodes must be a whole number >= 1, or MIN:MAX with 1 <= MIN <= MAX. Received: "
+            f"{nodes!r}. HINT: e.g. --nodes 2 on each of two machines, or --nodes 2:3 for a "
+            "job that starts on 2 and takes a third when it joins."
         )
-    if not is_count(node_rank) or node_rank >= nodes:
+    high = nodes[1] if pair else nodes
+    if not is_count(node_rank) or node_rank >= high:
         raise ValueError(
-            f"--node-rank must be one of 0..{nodes - 1} (--nodes {nodes}). Received: "
+            f"--node-rank must be one of 0..{high - 1} (--nodes {nodes}). Received: "
             f"{node_rank!r}. HINT: give each node its own rank; node 0 hosts the rendezvous."
         )
     if workers_per_node != "gpu" and not is_count(workers_per_node, 1):
@@ -234,7 +245,8 @@ class _Node:
             self.client.ready(
                 self.host or self.client.local_host(), free_ports(count), self.workers, self.ps
             )
-            message = self.client.wait(("start", "finish"), self.waited + 60)
+            # "again": the job restarted while this node waited to join it (an elastic job)
+            message = self.client.wait(("start", "finish", "again"), self.waited + 60)
             if message["op"] == "start":
                 message = self._attempt(message)
                 if message is None:  # this launcher itself was stopped

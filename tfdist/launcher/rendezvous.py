@@ -24,6 +24,11 @@ the whole job. Messages are JSON objects, one per line, each with an "op":
   round: every node comes back `ready` with fresh ports, within the rendezvous timeout) or
   `finish`. A failure counts against `max_restarts`; a preemption (every task saved, exit 143)
   does not.
+- **Elastic jobs** (`nodes=(MIN, MAX)`): the job starts once node 0 and MIN - 1 others are
+  ready and `ELASTIC_WINDOW` seconds more have passed (all MAX start at once); a node that joins
+  the running job stops every node (its tasks get SIGTERM: they save as at a preemption) and the
+  next round takes it in; a lost node that is not back within the window is left out while MIN
+  remain. Neither counts against `max_restarts`.
 - **Every wait is bounded**: a node gives up after `timeout` seconds without a rendezvous that
   answers; the server after `timeout` seconds without every node; both sides beat every `BEAT`
   seconds and take `PEER_TIMEOUT` seconds of silence for a lost peer.
@@ -58,6 +63,8 @@ __all__ = [
 BEAT = 2.0  # seconds between two beats on an idle connection
 PEER_TIMEOUT = 15.0  # seconds of silence after which the peer is taken as gone
 JOIN_TIMEOUT = 10.0  # seconds a connection gets to answer the challenge
+# An elastic job (nodes MIN:MAX): once MIN nodes are ready, seconds to wait for the others.
+ELASTIC_WINDOW = 10.0
 MAX_LINE = 1 << 20  # bytes of one message, at most
 
 
@@ -156,6 +163,14 @@ class _Member:
         self.ready: Optional[dict] = None
         self.ended: Optional[dict] = None
         self.gone = False
+        self.in_round = False  # one of the nodes the running attempt started on
+
+
+def node_range(nodes) -> Tuple[int, int]:
+    """(MIN, MAX) of `nodes`: N (a fixed job: (N, N)) or a pair MIN, MAX (an elastic one)."""
+    if isinstance(nodes, (tuple, list)):
+        return int(nodes[0]), int(nodes[1])
+    return int(nodes), int(nodes)
 
 
 class Server:
@@ -164,7 +179,9 @@ class Server:
     Args:
         address: (host, port) to listen on.
         token: str. The secret every node proves it holds.
-        nodes: int. The nodes of the job.
+        nodes: int, or a pair (MIN, MAX): an elastic job, which starts once MIN nodes are
+            ready (and `ELASTIC_WINDOW` seconds more for the others), goes on without a node
+            that is lost and not back within that window, and grows when a node joins.
         max_restarts: int. Restarts after failures before the job ends failed.
         digest / version: what every node must run.
         timeout: float. Seconds for every node to join (again).
@@ -177,7 +194,7 @@ class Server:
         address: Tuple[str, int],
         *,
         token: str,
-        nodes: int,
+        nodes,
         max_restarts: int,
         digest: str,
         version: str,
@@ -185,7 +202,10 @@ class Server:
         grace: float,
         say: Callable[[str], None],
     ):
-        self.token, self.nodes, self.max_restarts = token, nodes, max_restarts
+        self.token, self.max_restarts = token, max_restarts
+        self.low, self.high = node_range(nodes)
+        self.elastic = self.low < self.high
+        self.window_end: Optional[float] = None
         self.digest, self.version, self.timeout, self.grace = digest, version, timeout, grace
         self.say = say
         try:
@@ -272,7 +292,7 @@ class Server:
                 why = f"node {rank} is in the job already (from {old.peer})"
             elif self.phase == "finished":
                 why, retry = "the job has ended", False
-            elif self.phase == "running":
+            elif self.phase == "running" and not self._grows():
                 why = "the job is running; a node joins when it restarts"
             else:
                 member = self.members[rank] = _Member(rank, line, peer)
@@ -287,10 +307,17 @@ class Server:
 
     def _mismatch(self, join: dict) -> Optional[str]:
         rank = join.get("rank")
-        if not isinstance(rank, int) or not 0 <= rank < self.nodes:
-            return f"node rank {rank!r} is not one of 0..{self.nodes - 1}"
-        if join.get("nodes") != self.nodes:
-            return f"it was started with --nodes {join.get('nodes')}; the job has {self.nodes}"
+        if not isinstance(rank, int) or not 0 <= rank < self.high:
+            return f"node rank {rank!r} is not one of 0..{self.high - 1}"
+        try:
+            theirs = node_range(join.get("nodes"))
+        except (TypeError, ValueError, IndexError):
+            theirs = None
+        if theirs != (self.low, self.high):
+            return (
+                f"it was started with --nodes {_spec(theirs) if theirs else join.get('nodes')}; "
+                f"the job has {_spec((self.low, self.high))}"
+            )
         if join.get("version") != self.version:
             return f"it runs tfdist {join.get('version')}; the job runs tfdist {self.version}"
         if join.get("digest") != self.digest:
@@ -342,18 +369,34 @@ class Server:
                 elif self.phase == "running":
                     self._watch(now)
 
+    def _grows(self) -> bool:
+        """Whether a node may join the running job: an elastic one, below MAX nodes."""
+        present = [m for m in self.members.values() if not m.gone]
+        return self.elastic and len(present) < self.high
+
     def _gather(self, now: float) -> None:
         ready = {r: m for r, m in self.members.items() if not m.gone and m.ready is not None}
-        if len(ready) == self.nodes:
-            cluster, tasks = _layout([ready[r].ready for r in range(self.nodes)])
+        start = len(ready) == self.high
+        if not start and self.elastic and len(ready) >= self.low and 0 in ready:
+            if self.window_end is None:  # MIN are ready: the others get a window to join
+                self.window_end = now + ELASTIC_WINDOW
+            start = now >= self.window_end
+        if start:
+            cluster, tasks = _layout({r: ready[r].ready for r in sorted(ready)})
             # the nodes whose tasks run the script: the job is done when they are
             self.scripts = {r for r, names in tasks.items() if _runs_script(names, cluster)}
+            for member in self.members.values():
+                member.in_round = member.rank in ready and not member.gone
             for rank, member in ready.items():
                 member.line.send("start", round=self.round, cluster=cluster, tasks=tasks[rank])
-            self.phase, self.stop_sent, self.why = "running", False, ""
+            if self.elastic:
+                self.say(f"Starting on {len(ready)} nodes ({_spec((self.low, self.high))}).")
+            self.phase, self.stop_sent, self.why, self.window_end = "running", False, "", None
             return
         if now > self.deadline:
-            missing = [r for r in range(self.nodes) if r not in ready]
+            missing = [r for r in range(self.high) if r not in ready]
+            if self.elastic:
+                missing = missing[: max(1, self.low - len(ready))] if 0 in ready else [0]
             self._finish(
                 "failed",
                 f"node{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not "
@@ -363,15 +406,19 @@ class Server:
             )
 
     def _watch(self, now: float) -> None:
-        members = list(self.members.values())
+        members = [m for m in self.members.values() if m.in_round]
         lost = [m for m in members if m.gone and m.ended is None]
         bad = [m for m in members if m.ended and m.ended.get("reason") != "done"]
-        if (lost or bad) and not self.stop_sent:
+        joined = [m for m in self.members.values() if not m.in_round and not m.gone]
+        if (lost or bad or joined) and not self.stop_sent:
             if lost:
                 self.why = f"node {lost[0].rank} was lost (its launcher ended or fell silent)"
-            else:
+            elif bad:
                 first = bad[0].ended
                 self.why = f"node {bad[0].rank}: {first.get('failure') or first.get('reason')}"
+            else:  # an elastic job grows: every task saves at the same step (SIGTERM)
+                size = len([m for m in members if not m.gone]) + len(joined)
+                self.why = f"node {joined[0].rank} joined: the job grows to {size} nodes"
             self.say(f"Stopping every node: {self.why}.")
             self._broadcast("stop", round=self.round, why=self.why)
             self.stop_sent, self.stopped_at = True, now
@@ -393,7 +440,8 @@ class Server:
         reasons = [m.ended.get("reason") for m in members if m.ended]
         if not lost and not waiting and reasons and all(r == "done" for r in reasons):
             return self._finish("done", "every node is done.")
-        failed = bool(lost or waiting) or any(
+        # an elastic job goes on without a lost node (or waits for it): not counted
+        failed = (bool(lost or waiting) and not self.elastic) or any(
             r not in ("done", "preempted", "stopped") for r in reasons
         )
         if failed:
@@ -406,6 +454,8 @@ class Server:
                 )
             self.restarts += 1
             how = f"restart {self.restarts}/{self.max_restarts}"
+        elif lost or waiting or joined:
+            how = "the nodes changed, not counted against --max-restarts"
         else:
             self.preemptions += 1
             how = "after a preemption, not counted against --max-restarts"
@@ -422,19 +472,25 @@ class Server:
         self.cond.notify_all()
 
 
-def _layout(readies: List[dict]) -> Tuple[dict, Dict[int, List[str]]]:
-    """The cluster of the nodes' `ready` messages, in rank order, and each node's tasks.
+def _spec(nodes: Tuple[int, int]) -> str:
+    return str(nodes[0]) if nodes[0] == nodes[1] else f"{nodes[0]}:{nodes[1]}"
+
+
+def _layout(readies: Dict[int, dict]) -> Tuple[dict, Dict[int, List[str]]]:
+    """The cluster of the nodes' `ready` messages (by rank), in rank order, and each node's
+    tasks.
 
     Each node's ports: its workers', then its ps'; node 0's first port is the chief's where the
     job has ps tasks.
     """
     cluster: Dict[str, List[str]] = {"chief": [], "worker": [], "ps": []}
     tasks: Dict[int, List[str]] = {}
-    has_ps = any(r["ps"] for r in readies)
-    for rank, ready in enumerate(readies):
+    has_ps = any(r["ps"] for r in readies.values())
+    first = min(readies)
+    for rank, ready in readies.items():
         host, ports = ready["host"], list(ready["ports"])
         mine = []
-        if rank == 0 and has_ps:
+        if rank == first and has_ps:
             cluster["chief"].append(f"{host}:{ports.pop(0)}")
             mine.append("chief:0")
         for kind, count in (("worker", ready["workers"]), ("ps", ready["ps"])):
