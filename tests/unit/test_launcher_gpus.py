@@ -290,3 +290,27 @@ def test_pinned_is_not_a_spelling_users_give():
     assert gpus.per_worker(gpus.PINNED) is gpus.PINNED
     with pytest.raises(gpus.GpuError, match=r"Received: 'pinned'"):
         gpus.per_worker("pinned")
+
+
+def test_each_node_of_a_multi_node_job_hands_its_own_gpus_to_its_own_tasks():
+    """`tfdist launch --nodes 2 --workers-per-node gpu` on hosts of 2 GPUs each: node 1 runs
+    worker:2 and worker:3 of the job's cluster, on its GPUs 0 and 1."""
+    from tfdist.cluster import ClusterSpec
+
+    cluster = ClusterSpec({"worker": ["10.0.0.1:1", "10.0.0.1:2", "10.0.0.2:1", "10.0.0.2:2"]})
+    count = gpus.worker_count(["0", "1"], gpus.per_worker("auto"))
+    plans = plan_job(
+        "train.py",
+        cluster=cluster,
+        only=["worker:2", "worker:3"],
+        gpus_per_worker=gpus.per_worker("auto"),
+        visible_gpus=["0", "1"],
+    )
+    assert count == 2
+    assert [(p.task, p.env["CUDA_VISIBLE_DEVICES"]) for p in plans] == [
+        ("worker:2", "0"),
+        ("worker:3", "1"),
+    ]
+    import json
+
+    assert [json.loads(p.env["TF_CONFIG"])["task"]["index"] for p in plans] == [2, 3]
