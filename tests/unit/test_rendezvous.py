@@ -238,3 +238,23 @@ def test_an_elastic_job_starts_on_min_grows_when_a_node_joins_and_goes_on_withou
     starts = [c.wait(("start",), 10) for c in (first, second)]
     assert [len(s.get("cluster", {}).get("worker", [])) for s in starts] == [2, 2]
     assert "Starting on 2 nodes (2:3)." in rendezvous.said
+
+
+def test_a_node_that_falls_silent_is_taken_as_lost(server, monkeypatch):
+    """A launcher that stops answering (SIGSTOP, a machine gone without closing its
+    connections) is lost after PEER_TIMEOUT seconds without a beat (shortened here)."""
+    from tfdist.launcher import rendezvous as rendezvous_module
+
+    monkeypatch.setattr(rendezvous_module, "PEER_TIMEOUT", 1.5)
+    monkeypatch.setattr(rendezvous_module, "BEAT", 0.2)
+    rendezvous = server()
+    first, second = _client(rendezvous, 0).connect(), _client(rendezvous, 1).connect()
+    for client in (first, second):
+        _ready(client)
+    assert [c.wait(("start",), 10)["op"] for c in (first, second)] == ["start", "start"]
+    second.line.send = lambda *args, **kwargs: True  # its beats stop; the connection stays
+    deadline = time.monotonic() + 10
+    while first.stop_reason() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "node 1 was lost" in (first.stop_reason() or "")
+    assert "node 1 fell silent for 1.5 s." in rendezvous.said
