@@ -252,3 +252,44 @@ def test_an_elastic_job_grows_when_a_node_joins_and_goes_on_without_a_lost_one(t
     assert text.count("Starting on 2 nodes (2:3).") == 2, text
     assert "restart 1/" not in text and "The job ended done" in text
     assert "[worker:2]" in nodes[2].text()  # node 2 ran its worker in the job
+
+
+def test_a_preempted_task_restarts_every_node_without_counting(tmp_path):
+    """SIGTERM to worker 1 (on node 1) at step 15: every task saves at the same step and exits
+    with 143, and the nodes start again together, not counted (--max-restarts 0), resuming at
+    that step: final weights equal an uninterrupted run's."""
+    out, backup = tmp_path / "out", tmp_path / "backup"
+    out.mkdir()
+    (port,) = free_ports(1)
+    script = os.path.join(SCRIPTS, "preempt_fit.py")
+    args = [out, backup, "--api", "tfdist", "--signal", "worker:1:15"]
+    nodes = [_Node(tmp_path, r, 2, port, script, args, "--workers-per-node", "1") for r in (0, 1)]
+    try:
+        codes = [node.wait() for node in nodes]
+    finally:
+        for node in nodes:
+            if node.proc.poll() is None:
+                node.proc.kill()
+    text = nodes[0].text()
+    assert codes == [0, 0], text + nodes[1].text()
+    assert "after a preemption, not counted against --max-restarts" in text
+    assert "worker:0   preempted (143)" in text
+    assert "worker:1   preempted (143)" in nodes[1].text()
+
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    launch(
+        script,
+        [str(reference), str(tmp_path / "reference-backup"), "--api", "tfdist"],
+        workers=2,
+        timeout=300,
+        extra_env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+        quiet=True,
+        check=True,
+    )
+    for task in ("worker-0", "worker-1"):
+        resumed = json.loads((out / f"{task}.json").read_text())
+        expected = json.loads((reference / f"{task}.json").read_text())
+        assert resumed["iterations"] == expected["iterations"]
+        for got, want in zip(resumed["weights"], expected["weights"]):
+            np.testing.assert_allclose(got, want, atol=1e-6)

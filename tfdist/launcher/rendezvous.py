@@ -224,6 +224,7 @@ class Server:
         self.deadline = time.monotonic() + timeout
         self.stop_sent = False
         self.scripts: set = set()  # ranks whose tasks run the script, once laid out
+        self.preempted_at: Optional[float] = None  # when a node first ended preempted
         self.stopped_at: Optional[float] = None
         self.why = ""
         self.outcome: Optional[Tuple[str, str]] = None  # (reason, message) once finished
@@ -392,6 +393,7 @@ class Server:
             if self.elastic:
                 self.say(f"Starting on {len(ready)} nodes ({_spec((self.low, self.high))}).")
             self.phase, self.stop_sent, self.why, self.window_end = "running", False, "", None
+            self.preempted_at = None
             return
         if now > self.deadline:
             missing = [r for r in range(self.high) if r not in ready]
@@ -410,6 +412,8 @@ class Server:
         lost = [m for m in members if m.gone and m.ended is None]
         bad = [m for m in members if m.ended and m.ended.get("reason") != "done"]
         joined = [m for m in self.members.values() if not m.in_round and not m.gone]
+        if bad and not (lost or joined) and self._following(bad, now):
+            bad = []  # the others save at the same step by themselves, as the first did
         if (lost or bad or joined) and not self.stop_sent:
             if lost:
                 self.why = f"node {lost[0].rank} was lost (its launcher ended or fell silent)"
@@ -463,8 +467,21 @@ class Server:
         self.phase, self.deadline = "gathering", now + self.timeout
         for member in self.members.values():
             member.ready = member.ended = None
-        self.say(f"Restarting the job on every node ({how}): {self.why or 'preempted'}.")
+        self.say(
+            f"Restarting the job on every node ({how}): {self.why or 'every task saved after a preemption'}."
+        )
         self._broadcast("again", round=self.round, restarts=self.restarts, why=self.why)
+
+    def _following(self, bad: List[_Member], now: float) -> bool:
+        """Whether the nodes still get time to follow a preemption: when every node that
+        ended did so preempted (its tasks saved and exited with 143), the others' tasks stop
+        at the same step by themselves (tfdist.BackupAndRestore); a stop now would cut them
+        short. They get `grace` seconds, as the tasks of a local job do."""
+        if any(m.ended.get("reason") != "preempted" for m in bad):
+            return False
+        if self.preempted_at is None:
+            self.preempted_at = now
+        return now - self.preempted_at < self.grace
 
     def _finish(self, reason: str, message: str) -> None:
         self.phase, self.outcome = "finished", (reason, message)
