@@ -467,9 +467,8 @@ class Server:
         self.phase, self.deadline = "gathering", now + self.timeout
         for member in self.members.values():
             member.ready = member.ended = None
-        self.say(
-            f"Restarting the job on every node ({how}): {self.why or 'every task saved after a preemption'}."
-        )
+        why = self.why or "every task saved after a preemption"
+        self.say(f"Restarting the job on every node ({how}): {why}.")
         self._broadcast("again", round=self.round, restarts=self.restarts, why=self.why)
 
     def _following(self, bad: List[_Member], now: float) -> bool:
