@@ -258,3 +258,33 @@ def test_a_node_that_falls_silent_is_taken_as_lost(server, monkeypatch):
         time.sleep(0.05)
     assert "node 1 was lost" in (first.stop_reason() or "")
     assert "node 1 fell silent for 1.5 s." in rendezvous.said
+
+
+def test_when_node_0_comes_back_the_nodes_join_its_new_rendezvous_with_their_restarts(server):
+    """Node 0 hosts the rendezvous: when its launcher dies, the others' attempts stop (the
+    rendezvous is gone) and they join the new one at the same address, counting the loss."""
+    rendezvous = server(max_restarts=2)
+    port = rendezvous.port
+    node1 = _client(rendezvous, 1).connect()
+    rendezvous.close()  # node 0's launcher is gone, and its rendezvous with it
+    deadline = time.monotonic() + 10
+    while node1.stop_reason() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert node1.stop_reason() == f"the rendezvous at 127.0.0.1:{port} is gone"
+    assert node1.wait(("again", "finish"), 5)["op"] == "lost"
+
+    said = []
+    again = Server(
+        ("127.0.0.1", port), token=TOKEN, nodes=2, max_restarts=2, digest="script-1",
+        version="1.0", timeout=30, grace=1.0, say=said.append,
+    ).start()  # fmt: skip
+    try:
+        node1.close()
+        node1.connect()  # as the node's launcher does, within its rendezvous timeout
+        node0 = _client(again, 0).connect()
+        assert (node1.restarts, again.restarts) == (1, 1)
+        for client in (node0, node1):
+            _ready(client)
+        assert [c.wait(("start",), 10)["op"] for c in (node0, node1)] == ["start", "start"]
+    finally:
+        again.close()

@@ -243,10 +243,11 @@ class Server:
 
     def close(self) -> None:
         self._closing = True
-        try:
-            self.listener.close()
+        try:  # shutdown first: it wakes the thread in accept(), which close alone does not
+            self.listener.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        self.listener.close()
         with self.cond:
             for member in self.members.values():
                 member.line.close()
