@@ -77,6 +77,16 @@ class _Node:
             time.sleep(0.2)
 
 
+def _ended(nodes):
+    """Each node's exit code, once all have ended (any still running at a failure: killed)."""
+    try:
+        return [node.wait() for node in nodes]
+    finally:
+        for node in nodes:
+            if node.proc.poll() is None:
+                node.proc.kill()
+
+
 def _descendants(pid):
     children = {}
     for entry in os.listdir("/proc"):
@@ -192,12 +202,7 @@ def test_three_nodes_of_a_slurm_allocation_run_a_parameter_server_job(tmp_path):
         _Node(tmp_path, rank, 3, port, script, [tmp_path, 1], *flags, slurm=True)
         for rank in range(3)
     ]
-    try:
-        codes = [node.wait() for node in nodes]
-    finally:
-        for node in nodes:
-            if node.proc.poll() is None:
-                node.proc.kill()
+    codes = _ended(nodes)
     assert codes == [0, 0, 0], "".join(node.text() for node in nodes)
     result = json.loads((tmp_path / "result.json").read_text())
     assert (result["task"], result["workers"]) == ("chief:0", 3)
@@ -264,12 +269,7 @@ def test_a_preempted_task_restarts_every_node_without_counting(tmp_path):
     script = os.path.join(SCRIPTS, "preempt_fit.py")
     args = [out, backup, "--api", "tfdist", "--signal", "worker:1:15"]
     nodes = [_Node(tmp_path, r, 2, port, script, args, "--workers-per-node", "1") for r in (0, 1)]
-    try:
-        codes = [node.wait() for node in nodes]
-    finally:
-        for node in nodes:
-            if node.proc.poll() is None:
-                node.proc.kill()
+    codes = _ended(nodes)
     text = nodes[0].text()
     assert codes == [0, 0], text + nodes[1].text()
     assert "after a preemption, not counted against --max-restarts" in text

@@ -102,27 +102,28 @@ def _nodes(text: str):
         ) from None
 
 
-def _per_node(text: str):
-    if text.strip().lower() == "gpu":
-        return "gpu"
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be a number of workers or gpu. Received: {text!r}. HINT: e.g. 2, or gpu"
-        ) from None
+def _count_or_gpu(refusal: str):
+    """A parser of "N" or "gpu" (one per GPU), refusing anything else with `refusal` (the
+    value quoted in it as {text!r})."""
+
+    def parse(text: str):
+        if text.strip().lower() == "gpu":
+            return "gpu"
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(refusal.format(text=text)) from None
+
+    return parse
 
 
-def _num_proc(text: str):
-    """`-np N` or `-np gpu`."""
-    if text.strip().lower() == "gpu":
-        return "gpu"
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number of processes. HINT: e.g. -np 2, or -np gpu (one per GPU)."
-        ) from None
+_per_node = _count_or_gpu(
+    "must be a number of workers or gpu. Received: {text!r}. HINT: e.g. 2, or gpu"
+)
+# `-np N` or `-np gpu`
+_num_proc = _count_or_gpu(
+    "{text!r} is not a number of processes. HINT: e.g. -np 2, or -np gpu (one per GPU)."
+)
 
 
 def add_commands(sub) -> None:
@@ -428,11 +429,7 @@ def launch_command(args) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.stall_timeout is not None:  # read by this process, the launcher
-        os.environ[settings.STALL_TIMEOUT.name] = repr(args.stall_timeout)
-    script_args = list(args.args)
-    if script_args[:1] == ["--"]:
-        script_args = script_args[1:]
+    script_args = _script_args(args)
     job = dict(
         ps=args.ps,
         chief=args.chief,
@@ -470,6 +467,15 @@ def launch_command(args) -> int:
     return exit_code(result)
 
 
+def _script_args(args) -> list:
+    """The script's arguments (after a leading `--`); sets --stall-timeout for this process,
+    the launcher, which reads it."""
+    if args.stall_timeout is not None:
+        os.environ[settings.STALL_TIMEOUT.name] = repr(args.stall_timeout)
+    script_args = list(args.args)
+    return script_args[1:] if script_args[:1] == ["--"] else script_args
+
+
 def _nodes_command(args) -> int:
     """`tfdist launch --nodes N --node-rank R --rendezvous HOST:PORT ...`: this node's part."""
     from tfdist.launcher.nodes import launch_nodes
@@ -497,11 +503,7 @@ def _nodes_command(args) -> int:
         )
     if not args.module and not os.path.exists(args.target):
         return error(_no_script(args))
-    script_args = list(args.args)
-    if script_args[:1] == ["--"]:
-        script_args = script_args[1:]
-    if args.stall_timeout is not None:
-        os.environ[settings.STALL_TIMEOUT.name] = repr(args.stall_timeout)
+    script_args = _script_args(args)
     try:
         result = launch_nodes(
             args.target,
