@@ -288,3 +288,70 @@ def test_when_node_0_comes_back_the_nodes_join_its_new_rendezvous_with_their_res
         assert [c.wait(("start",), 10)["op"] for c in (node0, node1)] == ["start", "start"]
     finally:
         again.close()
+
+
+def test_nodes_must_agree_on_their_ps_tasks_and_odd_proofs_are_refused_and_logged(server):
+    rendezvous = server()
+    _client(rendezvous, 0).connect()
+    other = _client(rendezvous, 1)
+    other.ps = 1
+    with pytest.raises(RendezvousError, match="--ps-per-node 1; the nodes that joined before"):
+        other.connect()
+    with socket.create_connection(("127.0.0.1", rendezvous.port)) as raw:
+        raw.recv(4096)  # the challenge
+        raw.sendall('{"op": "join", "rank": 1, "proof": "\\u00e9t\\u00e9"}\n'.encode())
+        assert b"a wrong token" in raw.recv(4096)
+    assert any("a wrong token" in line for line in rendezvous.said)
+
+
+def test_a_rendezvous_without_the_token_is_not_trusted():
+    """A listener at the rendezvous's address that welcomes anyone (not the job's) cannot hand
+    the node a cluster: the rendezvous must prove the token too."""
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def impostor():
+        conn, _ = listener.accept()
+        conn.sendall(b'{"op": "challenge", "nonce": "n"}\n')
+        conn.recv(4096)
+        conn.sendall(b'{"op": "welcome", "round": 0, "restarts": 0, "proof": "x"}\n')
+        time.sleep(1)
+        conn.close()
+
+    threading.Thread(target=impostor, daemon=True).start()
+    client = Client(
+        ("127.0.0.1", listener.getsockname()[1]), token=TOKEN, rank=1, nodes=2, digest="d",
+        version="v", timeout=5,
+    )  # fmt: skip
+    with pytest.raises(RendezvousError, match="does not hold the job's token"):
+        client.connect()
+    listener.close()
+
+
+def test_a_timeout_ends_the_job_and_so_do_restarts_past_the_limit(server):
+    rendezvous = server(max_restarts=3)
+    clients = [_client(rendezvous, rank).connect() for rank in (0, 1)]
+    for client in clients:
+        _ready(client)
+    assert [c.wait(("start",), 10)["op"] for c in clients] == ["start", "start"]
+    clients[0].send("ended", round=0, reason="timeout", failure="")
+    deadline = time.monotonic() + 10
+    while clients[1].stop_reason() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    clients[1].send("ended", round=0, reason="stopped", failure="")
+    finish = clients[1].wait(("finish",), 10)
+    assert finish.get("reason") == "failed"
+    assert "node 0: the job's --timeout passed; the job is not restarted" in finish["message"]
+
+    # a new rendezvous (node 0's launcher died and came back) that the nodes bring 0 restarts
+    # and the loss: with --max-restarts 0 the job ends instead of starting again
+    again = server(max_restarts=0)
+    back = [_client(again, rank) for rank in (0, 1)]
+    back[1].lost = True
+    for client in back:
+        client.connect()
+        _ready(client)
+    finish = back[0].wait(("finish",), 10)
+    assert finish.get("reason") == "failed"
+    assert "restarted 1 times (--max-restarts 0)" in finish["message"]

@@ -16,8 +16,8 @@ Nothing here imports TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import secrets
-import socket
 import sys
 from typing import Mapping, Optional, Sequence, TextIO
 
@@ -148,6 +148,7 @@ def launch_nodes(
         version=_version(),
         timeout=waited,
         source=node_address,
+        ps=ps_per_node,
     )
     node = _Node(
         client,
@@ -220,12 +221,21 @@ def _check(nodes, node_rank, workers_per_node, ps_per_node) -> None:
 
 
 def _listen_host(host: str) -> str:
-    """Where node 0's rendezvous listens: the address it was given (all interfaces where that
-    is a name that does not resolve here)."""
+    """Where node 0's rendezvous listens: the address it was given, where that is an address;
+    every interface where it is a name (a host's own name may resolve to a loopback address
+    here, e.g. 127.0.1.1 in /etc/hosts, where the other nodes cannot reach it)."""
     try:
-        return socket.gethostbyname(host)
-    except OSError:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
         return ""
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 class _Node:
@@ -240,11 +250,17 @@ class _Node:
 
     def run(self) -> JobResult:
         self.client.connect()
+        host = self.host or self.client.local_host()
+        if _is_loopback(host) and not _is_loopback(self.client.address[0]):
+            self.say(
+                f"WARNING: this node's tasks would be reached at {host}, a loopback address, "
+                f"which other machines cannot reach (the rendezvous at {self.client.where} "
+                "is reached through it). HINT: give --node-address with this machine's "
+                "address on the network the nodes share."
+            )
         while True:
             count = self.workers + self.ps + (1 if self.client.rank == 0 and self.ps else 0)
-            self.client.ready(
-                self.host or self.client.local_host(), free_ports(count), self.workers, self.ps
-            )
+            self.client.ready(host, free_ports(count), self.workers, self.ps)
             # "again": the job restarted while this node waited to join it (an elastic job)
             message = self.client.wait(("start", "finish", "again"), self.waited + 60)
             if message["op"] == "start":
@@ -268,6 +284,8 @@ class _Node:
         stopped = result.reason == self.client.stop
         if result.launcher_signal:
             reason = "preempted" if result.saved else "interrupted"
+        elif any(t.not_restartable for t in result.tasks.values()):
+            reason = "not_restartable"
         else:
             reason = "stopped" if stopped else result.reason
         failure = first_failure(result)
@@ -284,7 +302,9 @@ class _Node:
             self.say(f"Stopped this node's tasks: {self.client.stop}.")
         if result.launcher_signal:
             return None
-        return self.client.wait(("again", "finish"), self.run_args["grace"] + 120)
+        # no bound of its own: the others may train on for long (the chief's final export);
+        # a rendezvous that is gone or silent ends the wait ("lost") after PEER_TIMEOUT
+        return self.client.wait(("again", "finish"))
 
     def _reconnect(self) -> None:
         self.say(

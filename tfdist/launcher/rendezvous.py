@@ -41,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import os
 import queue
 import secrets
@@ -63,6 +64,12 @@ __all__ = [
 BEAT = 2.0  # seconds between two beats on an idle connection
 PEER_TIMEOUT = 15.0  # seconds of silence after which the peer is taken as gone
 JOIN_TIMEOUT = 10.0  # seconds a connection gets to answer the challenge
+# How a node's attempt ended that ends the job, not restarted (as a local job's launcher does).
+FINAL = {
+    "timeout": "the job's --timeout passed",
+    "interrupted": "its launcher was interrupted (SIGINT or SIGTERM) before its tasks saved",
+    "not_restartable": "a task would fail the same way again",
+}
 # An elastic job (nodes MIN:MAX): once MIN nodes are ready, seconds to wait for the others.
 ELASTIC_WINDOW = 10.0
 MAX_LINE = 1 << 20  # bytes of one message, at most
@@ -206,6 +213,9 @@ class Server:
         self.low, self.high = node_range(nodes)
         self.elastic = self.low < self.high
         self.window_end: Optional[float] = None
+        self.ps: Optional[int] = None  # ps tasks per node, from the first node that joined
+        self.attempts = 0  # attempts started by this rendezvous
+        self.lost_counted = False
         self.digest, self.version, self.timeout, self.grace = digest, version, timeout, grace
         self.say = say
         try:
@@ -282,7 +292,8 @@ class Server:
             join = None
         if not join or join.get("op") != "join":
             return self._refuse(line, peer, "it did not answer the challenge (not a tfdist node)")
-        if not hmac.compare_digest(str(join.get("proof", "")), _proof(self.token, nonce)):
+        expected = _proof(self.token, nonce).encode()
+        if not hmac.compare_digest(str(join.get("proof", "")).encode(), expected):
             return self._refuse(line, peer, "a wrong token")
         why = self._mismatch(join)
         if why:
@@ -298,14 +309,30 @@ class Server:
                 why = "the job is running; a node joins when it restarts"
             else:
                 member = self.members[rank] = _Member(rank, line, peer)
-                # a node that lost the rendezvous counted that as a failure: keep the count
-                self.restarts = max(self.restarts, int(join.get("restarts", 0)))
-                line.send("welcome", round=self.round, restarts=self.restarts)
+                if self.ps is None:
+                    self.ps = join.get("ps")
+                self._count_lost_rendezvous(join)
+                line.send(
+                    "welcome",
+                    round=self.round,
+                    restarts=self.restarts,
+                    proof=_proof(self.token, "rendezvous:" + str(join.get("nonce", ""))),
+                )
                 self.say(f"node {rank} joined from {peer}.")
                 self.cond.notify_all()
         if why:
             return self._refuse(line, peer, why, retry)
         self._listen(member)
+
+    def _count_lost_rendezvous(self, join: dict) -> None:
+        """A node that ran attempts under an earlier rendezvous (node 0's launcher died, and
+        this one replaced it) brings the job's restarts; that loss counts once."""
+        known = join.get("restarts")
+        if isinstance(known, int) and known >= self.restarts and join.get("lost"):
+            if self.attempts == 0 and not self.lost_counted:
+                self.restarts, self.lost_counted = known + 1, True
+        elif isinstance(known, int):
+            self.restarts = max(self.restarts, known)
 
     def _mismatch(self, join: dict) -> Optional[str]:
         rank = join.get("rank")
@@ -319,6 +346,11 @@ class Server:
             return (
                 f"it was started with --nodes {_spec(theirs) if theirs else join.get('nodes')}; "
                 f"the job has {_spec((self.low, self.high))}"
+            )
+        if self.ps is not None and join.get("ps") != self.ps:
+            return (
+                f"it runs --ps-per-node {join.get('ps')}; the nodes that joined before run "
+                f"--ps-per-node {self.ps} (every node runs the same number of ps tasks)"
             )
         if join.get("version") != self.version:
             return f"it runs tfdist {join.get('version')}; the job runs tfdist {self.version}"
@@ -363,13 +395,16 @@ class Server:
             while self.phase != "finished" and not self._closing:
                 self.cond.wait(0.25)
                 now = time.monotonic()
-                if now - last_beat >= BEAT:
-                    self._broadcast("beat")
-                    last_beat = now
-                if self.phase == "gathering":
-                    self._gather(now)
-                elif self.phase == "running":
-                    self._watch(now)
+                try:
+                    if now - last_beat >= BEAT:
+                        self._broadcast("beat")
+                        last_beat = now
+                    if self.phase == "gathering":
+                        self._gather(now)
+                    elif self.phase == "running":
+                        self._watch(now)
+                except Exception as err:  # never a rendezvous that hangs every node
+                    self._finish("failed", f"the rendezvous failed: {type(err).__name__}: {err}")
 
     def _grows(self) -> bool:
         """Whether a node may join the running job: an elastic one, below MAX nodes."""
@@ -383,7 +418,14 @@ class Server:
             if self.window_end is None:  # MIN are ready: the others get a window to join
                 self.window_end = now + ELASTIC_WINDOW
             start = now >= self.window_end
+        if start and self.restarts > self.max_restarts:
+            return self._finish(
+                "failed",
+                f"the job was restarted {self.restarts} times (--max-restarts "
+                f"{self.max_restarts}), the last after its rendezvous was lost.",
+            )
         if start:
+            self.attempts += 1
             cluster, tasks = _layout({r: ready[r].ready for r in sorted(ready)})
             # the nodes whose tasks run the script: the job is done when they are
             self.scripts = {r for r, names in tasks.items() if _runs_script(names, cluster)}
@@ -445,6 +487,14 @@ class Server:
         reasons = [m.ended.get("reason") for m in members if m.ended]
         if not lost and not waiting and reasons and all(r == "done" for r in reasons):
             return self._finish("done", "every node is done.")
+        final = [m for m in members if m.ended and m.ended.get("reason") in FINAL]
+        if final:
+            ended = final[0].ended
+            return self._finish(
+                "failed",
+                f"node {final[0].rank}: {ended.get('failure') or FINAL[ended['reason']]}; "
+                "the job is not restarted.",
+            )
         # an elastic job goes on without a lost node (or waits for it): not counted
         failed = (bool(lost or waiting) and not self.elastic) or any(
             r not in ("done", "preempted", "stopped") for r in reasons
@@ -545,8 +595,10 @@ class Client:
         version: str,
         timeout: float,
         source: Optional[str] = None,
+        ps: int = 0,
     ):
         self.address, self.token, self.rank, self.nodes = address, token, rank, nodes
+        self.ps = ps
         self.digest, self.version, self.timeout, self.source = digest, version, timeout, source
         self.line: Optional[_Line] = None
         self.messages: "queue.Queue[dict]" = queue.Queue()
@@ -607,20 +659,33 @@ class Client:
                     "--rendezvous-timeout waits longer."
                 )
             time.sleep(1.0)
+        nonce = secrets.token_hex(16)
         line.send(
             "join",
             rank=self.rank,
             nodes=self.nodes,
+            ps=self.ps,
             proof=_proof(self.token, challenge["nonce"]),
+            nonce=nonce,
             digest=self.digest,
             version=self.version,
-            restarts=self.restarts + (1 if self.lost else 0),
+            restarts=self.restarts,
+            lost=self.lost,
         )
         try:
             answer = line.recv(JOIN_TIMEOUT)
         except socket.timeout:
             answer = None
-        return answer or {"op": "refused", "why": "the connection ended", "retry": True}, line
+        answer = answer or {"op": "refused", "why": "the connection ended", "retry": True}
+        if answer.get("op") == "welcome":  # the rendezvous proves the token too
+            expected = _proof(self.token, "rendezvous:" + nonce).encode()
+            if not hmac.compare_digest(str(answer.get("proof", "")).encode(), expected):
+                line.close()
+                raise RendezvousError(
+                    f"The rendezvous at {self.where} does not hold the job's token: it is "
+                    "not this job's. HINT: check --rendezvous and the token on every node."
+                )
+        return answer, line
 
     def _read(self, line: _Line) -> None:
         while True:
@@ -634,6 +699,8 @@ class Client:
                     self.stop = self.stop or f"the rendezvous at {self.where} is gone"
                     self.messages.put({"op": "lost"})
                 line.close()
+                return
+            if line is not self.line:  # an old connection's last words
                 return
             op = message.get("op")
             if op == "beat":
@@ -658,12 +725,13 @@ class Client:
         self.stop = None
         self.send("ready", round=self.round, host=host, ports=ports, workers=workers, ps=ps)
 
-    def wait(self, ops: Tuple[str, ...], timeout: float) -> dict:
-        """The next message of one of `ops` (or "lost"): stop messages of a past round and
+    def wait(self, ops: Tuple[str, ...], timeout: Optional[float] = None) -> dict:
+        """The next message of one of `ops` (or "lost": the connection ended or fell silent
+        for PEER_TIMEOUT seconds, or `timeout` passed): stop messages of a past round and
         others are skipped."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (math.inf if timeout is None else timeout)
         while True:
-            left = deadline - time.monotonic()
+            left = min(deadline - time.monotonic(), 3600.0)
             if left <= 0:
                 return {"op": "lost", "why": f"no word from the rendezvous in {timeout:g} s"}
             try:
