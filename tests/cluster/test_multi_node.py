@@ -8,6 +8,7 @@ Linux routes all of 127.0.0.0/8 to the loopback device).
 - A node's launcher SIGKILLed mid-training: its tasks end with it, the other node stops its
   own, and the job restarts on both once the node is started again, with final weights equal
   to an uninterrupted run's.
+- A node whose rendezvous never starts gives up after --rendezvous-timeout, naming the address.
 - 3 nodes run a parameter-server job: the chief on node 0, a worker and a ps on each node; their
   number and ranks from SLURM_NNODES and SLURM_NODEID, as under `srun --ntasks-per-node=1`.
 """
@@ -293,3 +294,20 @@ def test_a_preempted_task_restarts_every_node_without_counting(tmp_path):
         assert resumed["iterations"] == expected["iterations"]
         for got, want in zip(resumed["weights"], expected["weights"]):
             np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_a_node_whose_rendezvous_never_starts_gives_up_naming_the_address(tmp_path):
+    (port,) = free_ports(1)
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "tfdist", "launch", "--nodes", "2", "--node-rank", "1",
+            "--rendezvous", f"127.0.0.1:{port}", "--rendezvous-timeout", "3",
+            os.path.join(SCRIPTS, "nodes_report.py"), str(tmp_path),
+        ],
+        capture_output=True, text=True, timeout=120, env=dict(os.environ, **ENV),
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"No rendezvous answered at 127.0.0.1:{port} within 3 s" in proc.stderr
+    assert "HINT: start node 0" in proc.stderr
+    assert time.monotonic() - started < 60
