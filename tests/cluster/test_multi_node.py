@@ -11,6 +11,9 @@ Linux routes all of 127.0.0.0/8 to the loopback device).
 - A node whose rendezvous never starts gives up after --rendezvous-timeout, naming the address.
 - 3 nodes run a parameter-server job: the chief on node 0, a worker and a ps on each node; their
   number and ranks from SLURM_NNODES and SLURM_NODEID, as under `srun --ntasks-per-node=1`.
+- A task preempted on one node: every task saves at the same step, and the job restarts on both
+  nodes without counting, to final weights equal to an uninterrupted run's.
+- `--nodes 2:3`: the job grows when a third node joins and goes on without it once it is lost.
 """
 
 import json
