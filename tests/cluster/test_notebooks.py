@@ -104,9 +104,8 @@ class _Kernel:
     def start(self, code):
         return self.client.execute(code)
 
-    def wait_for(self, pattern, seconds, msg_id=None):
-        """Reads the kernel's output until `pattern` has matched it; returns the output, and
-        the reply's status where msg_id's cell ended."""
+    def wait_for(self, pattern, seconds):
+        """Reads the kernel's output until `pattern` has matched it; returns the output."""
         text, deadline = "", time.monotonic() + seconds
         while time.monotonic() < deadline:
             try:

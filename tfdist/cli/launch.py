@@ -409,62 +409,40 @@ def _extra_env(args) -> Optional[dict]:
 
 
 def launch_command(args) -> int:
-    """Runs (or with `--dry-run`, prints) the job; returns `tfdist launch`'s exit code."""
+    """Runs (or with `--dry-run`, prints) the job, on this machine or as this node's part of a
+    multi-node job; returns `tfdist launch`'s exit code."""
     from tfdist import gpus
-    from tfdist.launcher.job import plan_job
-    from tfdist.launcher.outcome import GRACE_SECONDS, exit_code
-    from tfdist.launcher.restarts import launch_job
+    from tfdist.launcher.outcome import exit_code
+    from tfdist.launcher.rendezvous import RendezvousError
 
-    if args.rendezvous or args.nodes is not None:
-        return _nodes_command(args)
-    refusal = _refusal(args)
+    multi_node = bool(args.rendezvous or args.nodes is not None)
+    refusal = (_nodes_refusal(args) if multi_node else _refusal(args)) or _summary_refusal(args)
     if refusal:
         print(f"tfdist launch: error: {refusal}", file=sys.stderr)
         return 2
-    folder = os.path.dirname(os.path.abspath(args.summary_json)) if args.summary_json else ""
-    if folder and not os.path.isdir(folder):
-        print(
-            f"tfdist launch: error: --summary-json {args.summary_json}: the directory {folder} "
-            "does not exist. HINT: create it first, or give a file in an existing directory.",
-            file=sys.stderr,
-        )
-        return 2
     script_args = _script_args(args)
-    job = dict(
-        ps=args.ps,
-        chief=args.chief,
-        evaluator=args.evaluator,
-        module=args.module,
-        extra_env=_extra_env(args),
-        gpus_per_worker=args.gpus_per_worker,
-        evaluator_gpus=args.evaluator_gpus,
-    )
+    # a multi-node job's bad value or rendezvous is said as such; locally, the GPUs asked for
+    errors = (ValueError, RendezvousError) if multi_node else (gpus.GpuError,)
     try:
-        workers = args.workers
-        if workers == "gpu":
-            workers = gpus.worker_count(gpus.visible(), args.gpus_per_worker, args.evaluator_gpus)
-        if args.dry_run:
-            high = workers[1] if isinstance(workers, tuple) else workers
-            for plan in plan_job(args.target, script_args, workers=high, **job):
-                print(plan.describe())
-            return 0
-        result = launch_job(
-            args.target,
-            script_args,
-            workers=workers,
-            **job,
-            max_restarts=args.max_restarts,
-            timeout=args.timeout,
-            grace=GRACE_SECONDS if args.grace is None else args.grace,
-            log_dir=args.log_dir,
-            verbose=args.verbose,
-        )
-    except gpus.GpuError as err:
+        result = (_run_nodes if multi_node else _run_here)(args, script_args)
+    except errors as err:
         print(f"tfdist launch: error: {err}", file=sys.stderr)
         return 2
+    if result is None:  # --dry-run
+        return 0
     if args.summary_json:
         _write_summary(args.summary_json, result, exit_code(result))
     return exit_code(result)
+
+
+def _summary_refusal(args) -> Optional[str]:
+    folder = os.path.dirname(os.path.abspath(args.summary_json)) if args.summary_json else ""
+    if folder and not os.path.isdir(folder):
+        return (
+            f"--summary-json {args.summary_json}: the directory {folder} does not exist. HINT: "
+            "create it first, or give a file in an existing directory."
+        )
+    return None
 
 
 def _script_args(args) -> list:
@@ -476,60 +454,97 @@ def _script_args(args) -> list:
     return script_args[1:] if script_args[:1] == ["--"] else script_args
 
 
-def _nodes_command(args) -> int:
-    """`tfdist launch --nodes N --node-rank R --rendezvous HOST:PORT ...`: this node's part."""
-    from tfdist.launcher.nodes import launch_nodes
-    from tfdist.launcher.outcome import GRACE_SECONDS, exit_code
-    from tfdist.launcher.rendezvous import RendezvousError
+def _run_here(args, script_args):
+    """The job on this machine: its JobResult, or None after printing it (--dry-run)."""
+    from tfdist import gpus
+    from tfdist.launcher.job import plan_job
+    from tfdist.launcher.outcome import GRACE_SECONDS
+    from tfdist.launcher.restarts import launch_job
 
-    def error(text: str) -> int:
-        print(f"tfdist launch: error: {text}", file=sys.stderr)
-        return 2
+    job = dict(
+        ps=args.ps,
+        chief=args.chief,
+        evaluator=args.evaluator,
+        module=args.module,
+        extra_env=_extra_env(args),
+        gpus_per_worker=args.gpus_per_worker,
+        evaluator_gpus=args.evaluator_gpus,
+    )
+    workers = args.workers
+    if workers == "gpu":
+        workers = gpus.worker_count(gpus.visible(), args.gpus_per_worker, args.evaluator_gpus)
+    if args.dry_run:
+        high = workers[1] if isinstance(workers, tuple) else workers
+        for plan in plan_job(args.target, script_args, workers=high, **job):
+            print(plan.describe())
+        return None
+    return launch_job(
+        args.target,
+        script_args,
+        workers=workers,
+        **job,
+        max_restarts=args.max_restarts,
+        timeout=args.timeout,
+        grace=GRACE_SECONDS if args.grace is None else args.grace,
+        log_dir=args.log_dir,
+        verbose=args.verbose,
+    )
 
+
+def _node_place(args):
+    """(nodes, rank) of this node: the flags, else the SLURM allocation's, else None."""
     nodes = args.nodes if args.nodes is not None else _slurm_count("SLURM_NNODES")
     rank = args.node_rank if args.node_rank is not None else _slurm_count("SLURM_NODEID")
+    return nodes, rank
+
+
+def _nodes_refusal(args) -> Optional[str]:
+    """Why `tfdist launch --nodes ...` cannot run these flags (with the fix), or None."""
+    nodes, rank = _node_place(args)
     if not args.rendezvous or nodes is None or rank is None:
-        return error(
+        return (
             "a multi-node job needs --nodes N, --node-rank R and --rendezvous HOST:PORT "
             "(under SLURM, --nodes and --node-rank default to the allocation's). HINT: e.g. "
             "tfdist launch --nodes 2 --node-rank 0 --rendezvous 10.0.0.1:29400 "
             "--workers-per-node 2 train.py"
         )
     if args.workers != 1 or args.ps or args.chief or args.evaluator or args.dry_run:
-        return error(
+        return (
             "--workers, --ps, --chief, --evaluator and --dry-run are for a job on this machine; "
             "a multi-node job takes --workers-per-node and --ps-per-node (its chief runs on node "
             "0 where it has ps tasks). HINT: e.g. --nodes 2 --workers-per-node 2 --ps-per-node 1"
         )
     if not args.module and not os.path.exists(args.target):
-        return error(_no_script(args))
-    script_args = _script_args(args)
-    try:
-        result = launch_nodes(
-            args.target,
-            script_args,
-            nodes=nodes,
-            node_rank=rank,
-            rendezvous=args.rendezvous,
-            workers_per_node=args.workers_per_node,
-            ps_per_node=args.ps_per_node,
-            token=args.token,
-            node_address=args.node_address,
-            module=args.module,
-            max_restarts=args.max_restarts,
-            timeout=args.timeout,
-            grace=GRACE_SECONDS if args.grace is None else args.grace,
-            rendezvous_timeout=args.rendezvous_timeout,
-            log_dir=args.log_dir,
-            extra_env=_extra_env(args),
-            verbose=args.verbose,
-            gpus_per_worker=args.gpus_per_worker,
-        )
-    except (ValueError, RendezvousError) as err:
-        return error(str(err))
-    if args.summary_json:
-        _write_summary(args.summary_json, result, exit_code(result))
-    return exit_code(result)
+        return _no_script(args)
+    return None
+
+
+def _run_nodes(args, script_args):
+    """`tfdist launch --nodes N --node-rank R --rendezvous HOST:PORT ...`: this node's part."""
+    from tfdist.launcher.nodes import launch_nodes
+    from tfdist.launcher.outcome import GRACE_SECONDS
+
+    nodes, rank = _node_place(args)
+    return launch_nodes(
+        args.target,
+        script_args,
+        nodes=nodes,
+        node_rank=rank,
+        rendezvous=args.rendezvous,
+        workers_per_node=args.workers_per_node,
+        ps_per_node=args.ps_per_node,
+        token=args.token,
+        node_address=args.node_address,
+        module=args.module,
+        max_restarts=args.max_restarts,
+        timeout=args.timeout,
+        grace=GRACE_SECONDS if args.grace is None else args.grace,
+        rendezvous_timeout=args.rendezvous_timeout,
+        log_dir=args.log_dir,
+        extra_env=_extra_env(args),
+        verbose=args.verbose,
+        gpus_per_worker=args.gpus_per_worker,
+    )
 
 
 def _slurm_count(name: str) -> Optional[int]:

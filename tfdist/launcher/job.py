@@ -141,7 +141,8 @@ def plan_job(
     script = [python, "-m", target] if module else [python, target]
     tasks = cluster.tasks
     if only is not None:
-        tasks = [(job, index) for job, index in tasks if f"{job}:{index}" in set(only)]
+        wanted = set(only)
+        tasks = [(job, index) for job, index in tasks if f"{job}:{index}" in wanted]
     on_gpus = {}
     if gpus_per_worker is not None:
         on_gpus = gpu_lib.plan(tasks, cluster.num_ps, gpus_per_worker, evaluator_gpus, visible_gpus)

@@ -124,32 +124,25 @@ def launch_nodes(
         workers_per_node = gpu_lib.worker_count(
             gpu_lib.visible(), gpu_lib.per_worker(gpus_per_worker)
         )
-    digest = script_digest(target, args, module)
+    # what the rendezvous and every node hold alike
+    job = dict(
+        token=token,
+        nodes=nodes,
+        digest=script_digest(target, args, module),
+        version=_version(),
+        timeout=waited,
+    )
     server = None
     if node_rank == 0:
         server = Server(
             (_listen_host(address[0]), address[1]),
-            token=token,
-            nodes=nodes,
             max_restarts=max_restarts,
-            digest=digest,
-            version=_version(),
-            timeout=waited,
             grace=grace,
             say=say,
+            **job,
         ).start()
     say(EXPOSED.format(rendezvous=rendezvous))
-    client = Client(
-        address,
-        token=token,
-        rank=node_rank,
-        nodes=nodes,
-        digest=digest,
-        version=_version(),
-        timeout=waited,
-        source=node_address,
-        ps=ps_per_node,
-    )
+    client = Client(address, rank=node_rank, source=node_address, ps=ps_per_node, **job)
     node = _Node(
         client,
         dict(

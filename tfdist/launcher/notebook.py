@@ -15,7 +15,6 @@ Nothing here imports TensorFlow: the kernel can go on using its own.
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import tempfile
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -23,7 +22,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from tfdist import gpus as gpu_lib
 from tfdist.launcher.outcome import GRACE_SECONDS, JobFailed
 from tfdist.launcher.restarts import launch_job
-from tfdist.launcher.run_function import child_pythonpath
+from tfdist.launcher.run_function import child_pythonpath, read_result
 
 __all__ = ["notebook_launch"]
 
@@ -143,9 +142,7 @@ def _chief_value(result, tmp: str):
         task = result.tasks.get(name)
         if task is None or task.serves:
             continue
-        path = os.path.join(tmp, name.replace(":", "-") + ".pkl")
-        with open(path, "rb") as f:
-            status, payload = pickle.load(f)
+        status, payload = read_result(tmp, name) or ("error", "it wrote no result")
         if status != "ok":  # the task exited 0 all the same (e.g. sys.exit(0))
             raise JobFailed(f"notebook_launch: {name} ended without a value: {payload}", result)
         return payload

@@ -649,7 +649,7 @@ class Client:
                     break
                 line.close()
                 last = "it answered, but not as a tfdist rendezvous"
-            except (OSError, socket.timeout) as err:
+            except OSError as err:  # refused, unreachable, or timed out (socket.timeout)
                 last = getattr(err, "strerror", None) or str(err) or type(err).__name__
             if time.monotonic() >= deadline:
                 raise RendezvousError(

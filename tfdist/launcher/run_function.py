@@ -29,6 +29,20 @@ def child_pythonpath(*first: str) -> str:
     return os.pathsep.join(dict.fromkeys(paths))
 
 
+def result_path(result_dir: str, task: str) -> str:
+    """Where task `task` ("worker:0") writes its ("ok", value) or ("error", message)."""
+    return os.path.join(result_dir, task.replace(":", "-") + ".pkl")
+
+
+def read_result(result_dir: str, task: str):
+    """(status, payload) that task `task` wrote, or None when it wrote nothing."""
+    path = result_path(result_dir, task)
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
 def load_function(module_name: str, qualname: str, source: str):
     """The object `qualname` of `module_name`, loaded from `source` when it is not importable."""
     try:
@@ -58,8 +72,7 @@ def _call(argv):
 
 
 def main(argv) -> int:
-    task = (settings.TASK.get() or "task").replace(":", "-")
-    result_path = os.path.join(argv[-1], task + ".pkl")
+    path = result_path(argv[-1], settings.TASK.get() or "task")
     pickler = pickle
     if argv[0] == "--pickled":
         import cloudpickle as pickler  # a value of a class defined in the notebook, too
@@ -79,7 +92,7 @@ def main(argv) -> int:
         sys.stdout.flush()
         payload = ("error", f"{type(err).__name__}: {err}")
         code = err.code if isinstance(err, SystemExit) and isinstance(err.code, int) else 1
-    with open(result_path + ".tmp", "wb") as f:
+    with open(path + ".tmp", "wb") as f:
         try:
             pickler.dump(payload, f)
         except Exception as err:  # the value cannot be pickled: say so instead
@@ -89,7 +102,7 @@ def main(argv) -> int:
             pickle.dump(("error", message), f)
             print(f"tfdist: {message}", file=sys.stderr)
             code = code or 1
-    os.replace(result_path + ".tmp", result_path)
+    os.replace(path + ".tmp", path)
     sys.stdout.flush()
     sys.stderr.flush()
     return code

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 from tfdist import settings
 from tfdist.launcher.job import plan_job, run_job
 from tfdist.launcher.outcome import JobResult
-from tfdist.launcher.run_function import child_pythonpath
+from tfdist.launcher.run_function import child_pythonpath, read_result
 
 __all__ = ["ClusterRunError", "TaskRun", "is_running", "run_cluster"]
 
@@ -139,10 +139,9 @@ def function_reference(fn: Callable, caller: str = "run_cluster"):
 
 def _task_run(name: str, result, tmp: str) -> TaskRun:
     run = TaskRun(name, result.returncode, "\n".join(result.output))
-    path = os.path.join(tmp, name.replace(":", "-") + ".pkl")
-    if os.path.exists(path):
-        with open(path, "rb") as f:
-            status, payload = pickle.load(f)
+    written = read_result(tmp, name)
+    if written is not None:
+        status, payload = written
         if status == "ok":
             run.value = payload
         else:
