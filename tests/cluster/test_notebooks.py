@@ -84,7 +84,8 @@ def _unpicklable():
 def test_a_failing_task_raises_job_failed_with_its_traceback_in_the_output(capsys):
     with pytest.raises(JobFailed, match=r"worker:\d"):
         tfdist.notebook_launch(_fails, workers=2)
-    assert "[worker:0] ValueError: batch 5 is bad" in capsys.readouterr().out
+    # both tasks fail; the first to fail stops the other, perhaps before it printed its own
+    assert re.search(r"\[worker:\d\] ValueError: batch 5 is bad", capsys.readouterr().out)
 
     with pytest.raises(JobFailed):
         tfdist.notebook_launch(_unpicklable, workers=1)
