@@ -11,11 +11,13 @@ Linux routes all of 127.0.0.0/8 to the loopback device).
 - A node whose rendezvous never starts gives up after --rendezvous-timeout, naming the address.
 - 3 nodes run a parameter-server job: the chief on node 0, a worker and a ps on each node; their
   number and ranks from SLURM_NNODES and SLURM_NODEID, as under `srun --ntasks-per-node=1`.
-- A task preempted on one node: every task saves at the same step, and the job restarts on both
-  nodes without counting, to final weights equal to an uninterrupted run's.
+- A task preempted on one node, in a job that sums through Gloo: every task saves at the same
+  step, and the job restarts on both nodes without counting, to final weights equal to an
+  uninterrupted run's.
 - `--nodes 2:3`: the job grows when a third node joins and goes on without it once it is lost.
 """
 
+import importlib.util
 import json
 import os
 import shutil
@@ -264,15 +266,19 @@ def test_an_elastic_job_grows_when_a_node_joins_and_goes_on_without_a_lost_one(t
 
 
 def test_a_preempted_task_restarts_every_node_without_counting(tmp_path):
-    """SIGTERM to worker 1 (on node 1) at step 15: every task saves at the same step and exits
-    with 143, and the nodes start again together, not counted (--max-restarts 0), resuming at
-    that step: final weights equal an uninterrupted run's."""
+    """SIGTERM to worker 1 (on node 1) at step 15 of a job that sums through Gloo between the
+    nodes' addresses (--communication gloo; TensorFlow's ring where the gloo extra is not
+    installed): every task saves at the same step and exits with 143, and the nodes start
+    again together, not counted (--max-restarts 0), resuming at that step: final weights equal
+    an uninterrupted local run's on TensorFlow's ring."""
     out, backup = tmp_path / "out", tmp_path / "backup"
     out.mkdir()
     (port,) = free_ports(1)
     script = os.path.join(SCRIPTS, "preempt_fit.py")
     args = [out, backup, "--api", "tfdist", "--signal", "worker:1:15"]
-    nodes = [_Node(tmp_path, r, 2, port, script, args, "--workers-per-node", "1") for r in (0, 1)]
+    gloo = importlib.util.find_spec("torch") is not None  # the gloo extra; else the ring
+    flags = ["--workers-per-node", "1", "--communication", "gloo" if gloo else "ring"]
+    nodes = [_Node(tmp_path, r, 2, port, script, args, *flags) for r in (0, 1)]
     codes = _ended(nodes)
     text = nodes[0].text()
     assert codes == [0, 0], text + nodes[1].text()
@@ -294,6 +300,7 @@ def test_a_preempted_task_restarts_every_node_without_counting(tmp_path):
     for task in ("worker-0", "worker-1"):
         resumed = json.loads((out / f"{task}.json").read_text())
         expected = json.loads((reference / f"{task}.json").read_text())
+        assert resumed["gloo"] == gloo and not expected["gloo"]  # the reference: the ring
         assert resumed["iterations"] == expected["iterations"]
         for got, want in zip(resumed["weights"], expected["weights"]):
             np.testing.assert_allclose(got, want, atol=1e-6)

@@ -50,9 +50,11 @@ def problem(keras, tf, batch=8):
     return data, build
 
 
-def write_result(path, model, trained, per_call=()):
-    """The weights, `iterations`, the number of steps this run trained and the steps per call
-    of each epoch (with --epoch-callbacks), as JSON."""
+def write_result(path, model, trained, per_call=(), strategy=None):
+    """The weights, `iterations`, the number of steps this run trained, the steps per call
+    of each epoch (with --epoch-callbacks) and whether `strategy` sums through Gloo, as JSON."""
+    from tfdist.strategy import gloo
+
     with open(path, "w") as f:
         json.dump(
             {
@@ -60,6 +62,7 @@ def write_result(path, model, trained, per_call=()):
                 "iterations": int(model.optimizer.iterations.numpy()),
                 "trained": len(trained),
                 "steps_per_call": list(per_call),
+                "gloo": strategy is not None and gloo.group_of(strategy) is not None,
             },
             f,
         )
@@ -166,7 +169,8 @@ def main():
             callbacks=callbacks,
             verbose=0,
         ).model
-    write_result(os.path.join(args.out, task.replace(":", "-") + ".json"), model, trained, per_call)
+    path = os.path.join(args.out, task.replace(":", "-") + ".json")
+    write_result(path, model, trained, per_call, strategy)
 
 
 if __name__ == "__main__":
