@@ -121,23 +121,13 @@ def released_iterators(strategy):
         for part in getattr(self, "_iterators", ()) if tf.executing_eagerly() else ():
             weakref.finalize(part, lambda: freed.append(threading.current_thread().name))
 
-    def settled():  # what earlier proofs of this process handed over (some drops take
-        if iterators is not None:  # seconds) is dropped by now, so the backlog is short
-            iterators.RELEASER.drain(seconds=60)
-
-    try:
-        from tfdist.fixes import iterators
-    except ImportError:  # a tfdist without the fix
-        iterators = None
     x, y = scenarios.regression_data(64)
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat()
     input_lib.DistributedIterator.__init__ = watched
     try:
         model = scenarios.mlp(strategy)
         for _ in range(2):
-            settled()
             model.fit(data, epochs=1, steps_per_epoch=16, verbose=0)
-        settled()
         iterator = iter(strategy.experimental_distribute_dataset(data))
 
         @tf.function
@@ -151,7 +141,7 @@ def released_iterators(strategy):
         at_once = len(freed) - before
     finally:
         input_lib.DistributedIterator.__init__ = made
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 30
     while len(freed) < before + 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     return {"threads": sorted(set(freed)), "freed": len(freed), "freed_at_once": at_once}

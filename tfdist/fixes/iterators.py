@@ -18,9 +18,8 @@ import time
 from tfdist.fixes.record import Fix, Target
 
 # A backlog this long is dropped by the caller itself, so that no more iterators wait in memory
-# than some fits or epochs made (each drop takes up to about 0.5 s; traced functions make and
-# drop symbolic iterators too, which go at once).
-MAX_PENDING = 32
+# than a few fits or epochs made.
+MAX_PENDING = 8
 # At the interpreter's exit, the longest wait for the iterators still waiting to be dropped
 # (after it, the interpreter drops them as it would have).
 EXIT_WAIT_SECONDS = 10.0
