@@ -103,63 +103,6 @@ def _each(values, problem: Callable) -> Optional[str]:
 # ------------------------------------------------------------- mirrored (and every strategy)
 
 
-def released_iterators(strategy):
-    """fit twice, then an iterator of a distributed dataset dropped after 16 steps: which
-    threads free the iterators' per-worker parts, and whether the drop returned before its
-    parts were freed."""
-    import threading
-    import weakref
-
-    from tensorflow.python.distribute import input_lib
-
-    tf = _tf()
-    freed = []  # (thread name, where) per freed per-worker iterator
-    made = input_lib.DistributedIterator.__init__
-
-    def watched(self, *args, **kwargs):  # every DistributedIterator fit makes, too
-        made(self, *args, **kwargs)
-        for part in getattr(self, "_iterators", ()) if tf.executing_eagerly() else ():
-            weakref.finalize(part, lambda: freed.append(threading.current_thread().name))
-
-    x, y = scenarios.regression_data(64)
-    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat()
-    input_lib.DistributedIterator.__init__ = watched
-    try:
-        model = scenarios.mlp(strategy)
-        for _ in range(2):
-            model.fit(data, epochs=1, steps_per_epoch=16, verbose=0)
-        iterator = iter(strategy.experimental_distribute_dataset(data))
-
-        @tf.function
-        def steps(iterator):
-            for _ in tf.range(16):
-                strategy.run(tf.reduce_sum, args=(next(iterator)[0],))
-
-        steps(iterator)
-        before = len(freed)
-        del iterator
-        at_once = len(freed) - before
-    finally:
-        input_lib.DistributedIterator.__init__ = made
-    deadline = time.monotonic() + 30
-    while len(freed) < before + 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return {"threads": sorted(set(freed)), "freed": len(freed), "freed_at_once": at_once}
-
-
-def _released_in_the_background(result) -> Optional[str]:
-    from tfdist.fixes.iterators import THREAD_NAME
-
-    if result["freed"] < 3:
-        return f"only {result['freed']} iterators were freed after 2 fits and one drop: {result}"
-    if result["threads"] != [THREAD_NAME] or result["freed_at_once"]:
-        return (
-            f"the iterators were freed by {result['threads']} ({result['freed_at_once']} before "
-            f"the drop returned), not by {THREAD_NAME!r} after it"
-        )
-    return None
-
-
 def replica_copies(strategy):
     """fit on even batches, then the largest difference between the replicas' copies."""
     tf = _tf()
@@ -847,14 +790,6 @@ def _one(check):
 
 
 _PROOFS = [
-    Proof(
-        "distributed_iterators_released_in_background",
-        MIRRORED,
-        "2 fits, then a distributed dataset's iterator dropped after 16 steps: their per-worker "
-        "iterators are freed in tfdist's releaser thread (upstream: in the caller's, which waits)",
-        released_iterators,
-        _one(_released_in_the_background),
-    ),
     Proof(
         "gradients_summed_over_replicas",
         MIRRORED,

@@ -20,7 +20,6 @@ from tfdist.fixes import (
     collectives,
     datasets,
     executions,
-    iterators,
     multi_worker,
     parameter_server,
     replicas,
@@ -51,7 +50,6 @@ FIXES = {
         parameter_server,
         tf_keras_parameter_server,
         tensorflow,
-        iterators,
         collectives,
     )
     for fix in module.FIXES
