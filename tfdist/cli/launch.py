@@ -458,7 +458,6 @@ def _run_here(args, script_args):
     """The job on this machine: its JobResult, or None after printing it (--dry-run)."""
     from tfdist import gpus
     from tfdist.launcher.job import plan_job
-    from tfdist.launcher.outcome import GRACE_SECONDS
     from tfdist.launcher.restarts import launch_job
 
     job = dict(
@@ -478,11 +477,15 @@ def _run_here(args, script_args):
         for plan in plan_job(args.target, script_args, workers=high, **job):
             print(plan.describe())
         return None
-    return launch_job(
-        args.target,
-        script_args,
-        workers=workers,
-        **job,
+    return launch_job(args.target, script_args, workers=workers, **job, **_run_control(args))
+
+
+def _run_control(args) -> dict:
+    """What a local and a multi-node job take alike from the flags: restarts, the bounds on
+    their waits, where the logs go and how much the launcher says."""
+    from tfdist.launcher.outcome import GRACE_SECONDS
+
+    return dict(
         max_restarts=args.max_restarts,
         timeout=args.timeout,
         grace=GRACE_SECONDS if args.grace is None else args.grace,
@@ -522,7 +525,6 @@ def _nodes_refusal(args) -> Optional[str]:
 def _run_nodes(args, script_args):
     """`tfdist launch --nodes N --node-rank R --rendezvous HOST:PORT ...`: this node's part."""
     from tfdist.launcher.nodes import launch_nodes
-    from tfdist.launcher.outcome import GRACE_SECONDS
 
     nodes, rank = _node_place(args)
     return launch_nodes(
@@ -536,13 +538,9 @@ def _run_nodes(args, script_args):
         token=args.token,
         node_address=args.node_address,
         module=args.module,
-        max_restarts=args.max_restarts,
-        timeout=args.timeout,
-        grace=GRACE_SECONDS if args.grace is None else args.grace,
         rendezvous_timeout=args.rendezvous_timeout,
-        log_dir=args.log_dir,
         extra_env=_extra_env(args),
-        verbose=args.verbose,
+        **_run_control(args),
         gpus_per_worker=args.gpus_per_worker,
     )
 
