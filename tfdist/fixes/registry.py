@@ -20,6 +20,7 @@ from tfdist.fixes import (
     collectives,
     datasets,
     executions,
+    iterators,
     multi_worker,
     parameter_server,
     replicas,
@@ -50,6 +51,7 @@ FIXES = {
         parameter_server,
         tf_keras_parameter_server,
         tensorflow,
+        iterators,
         collectives,
     )
     for fix in module.FIXES
