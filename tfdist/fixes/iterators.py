@@ -3,14 +3,19 @@
 Under mirrored, an iterator of `strategy.experimental_distribute_dataset` reads the dataset on
 the host and feeds each device through a pipeline of its own: a generator taking that device's
 share, then a prefetch of a fixed size. tf.data autotunes each such pipeline in a thread that
-wakes at doubling intervals (10 ms, 20 ms, ... up to a minute). Dropping the iterator before its
-end (as `fit` does at the end of every call with `steps_per_epoch`) waits for that thread's
-next interval to end: about as long again as the iterator had lived (0.15-0.5 s after a fit of
-240 steps, 4 s for an iterator 6 s old), in the thread that drops it.
+sleeps for doubling intervals (10 ms, 20 ms, ... up to a minute). Dropping the iterator cancels
+that thread and waits for it to end, and the wake-up races the cancellation: TensorFlow's
+CancellationManager::StartCancel runs its callbacks (here: wake the thread) before it marks
+itself cancelled, so a thread that wakes at once finds itself not cancelled and sleeps out its
+interval (Model::OptimizeLoop). Dropping an iterator before its end (as `fit` does at the end
+of every call with `steps_per_epoch`) then waits about as long again as the iterator had lived
+(0.15-0.5 s after a fit of 240 steps, seconds for an iterator a few seconds old), in the thread
+that drops it.
 
 Those per-device pipelines have nothing to tune (their prefetch has a fixed size, their
 generator no parallelism), so tfdist turns autotuning off for them alone: no thread, no wait.
-The dataset the user wrote keeps its options, autotuning included.
+The dataset the user wrote keeps its options, autotuning included, and its own thread
+(the host's side of the iterator) can still lose that race, less often.
 
 Nothing here imports TensorFlow at import time.
 """
@@ -22,8 +27,8 @@ DEVICE_ITERATORS_DROPPED = Fix(
     summary=(
         "Dropping the iterator of a dataset distributed over several local devices before its "
         "end waits for the autotuning thread of each device's pipeline (a generator and a "
-        "fixed-size prefetch, nothing to tune) to wake: about as long again as the iterator "
-        "had lived."
+        "fixed-size prefetch, nothing to tune), whose wake-up races its cancellation and which "
+        "then sleeps out its interval: about as long again as the iterator had lived."
     ),
     upstream="none found",
     strategies=("mirrored",),
