@@ -49,7 +49,10 @@ MARK = "GPU_STEP "
 STEPS = {
     "devices": (90, "TensorFlow sees the GPU; the CUDA and cuDNN it was built with"),
     "one_device_fit": (90, "fit under make_strategy() on the GPU converges"),
-    "mirrored_two_logical_gpus": (90, "mirrored over 2 logical GPUs: weights equal one device"),
+    "mirrored_two_logical_gpus": (
+        90,
+        "mirrored over 2 logical GPUs: weights equal one device; iterators dropped at once",
+    ),
     "mixed_bfloat16_fit": (75, "fit under mixed_bfloat16 converges"),
     "mixed_float16_fit": (75, "fit under mixed_float16 converges, with loss scaling"),
     "jit_compile_fit": (90, "fit with jit_compile=True converges"),
@@ -262,7 +265,8 @@ def _summary(name, result):
             + f"; CUDA {r.get('cuda')}, cuDNN {r.get('cudnn')}"
         ),
         "mirrored_two_logical_gpus": lambda r: (
-            f"{r['cross_device_ops']}, max weight difference {r['max_weight_difference']:.3g}"
+            f"{r['cross_device_ops']}, max weight difference {r['max_weight_difference']:.3g}, "
+            f"device iterators dropped in {r['device_iterators_dropped_in_seconds']} s"
         ),
         "nccl_two_logical_gpus": lambda r: (
             f"NCCL: {r['nccl_outcome']} "

@@ -266,7 +266,43 @@ def step_mirrored_two_logical_gpus():
         raise AssertionError(f"mirrored made {replicas} replicas, not 2")
     if not worst < 1e-4:
         raise AssertionError(f"the weights differ from one device's by up to {worst:.3g}")
-    return {"replicas": replicas, "cross_device_ops": reduction, "max_weight_difference": worst}
+    drop = _drop_device_iterators(tf, strategy)
+    if not drop < 0.25:  # fix device_iterators_dropped_at_once, on the devices' own pipelines
+        raise AssertionError(f"dropping the per-device iterators took {drop} s")
+    return {
+        "replicas": replicas,
+        "cross_device_ops": reduction,
+        "max_weight_difference": worst,
+        "device_iterators_dropped_in_seconds": drop,
+    }
+
+
+def _drop_device_iterators(tf, strategy, ages=(0.75, 1.4)):
+    """The longest drop, in seconds, of the per-device parts of a distributed dataset's
+    iterators, each read for one of `ages` seconds first (upstream, often about as long again:
+    their autotuning threads sleep on)."""
+    data = tf.data.Dataset.from_tensor_slices(tf.zeros((64, 4))).batch(8).repeat()
+    dataset = strategy.experimental_distribute_dataset(data)
+
+    @tf.function
+    def step(iterator):
+        return strategy.run(tf.reduce_sum, args=(next(iterator),))
+
+    longest = 0.0
+    for age in ages:
+        iterator = iter(dataset)
+        started = time.monotonic()
+        while time.monotonic() - started < age:
+            step(iterator)
+        parts = []
+        for worker in iterator._iterators:  # noqa: SLF001 (each owns a MultiDeviceIterator)
+            parts += worker._iterator._device_iterators  # noqa: SLF001
+            worker._iterator._device_iterators = []  # noqa: SLF001
+        dropped = time.monotonic()
+        del parts
+        longest = max(longest, round(time.monotonic() - dropped, 3))
+        del iterator
+    return longest
 
 
 def step_mixed_bfloat16_fit():
