@@ -64,19 +64,15 @@ def _fix_device_iterators_dropped():
     from tensorflow.python.data.ops import multi_device_iterator_ops
 
     original = multi_device_iterator_ops._create_device_dataset
-    if getattr(original, "_tfdist_without_autotune", False):
-        return
+    without_autotune = tf.data.Options()
+    without_autotune.autotune.enabled = False
 
     def _create_device_dataset(
         prototype_ds, incarnation_id, prefetch_buffer_size, experimental_slack
     ):
         dataset = original(prototype_ds, incarnation_id, prefetch_buffer_size, experimental_slack)
-        options = tf.data.Options()
-        options.autotune.enabled = False
-        return dataset.with_options(options)
+        return dataset.with_options(without_autotune)
 
-    _create_device_dataset._tfdist_without_autotune = True
-    _create_device_dataset.__wrapped__ = original
     multi_device_iterator_ops._create_device_dataset = _create_device_dataset
 
 
