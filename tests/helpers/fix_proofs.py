@@ -139,6 +139,66 @@ def _device_iterators_dropped_at_once(result) -> Optional[str]:
     return None
 
 
+def host_iterator_threads(strategy):
+    """Threads per live iterator of a plain distributed dataset (tensor slices, batch,
+    repeat), and of the same dataset with autotuning turned off by its user; then 4 iterators
+    of the plain one read for 1.4 s in a traced loop and dropped: the seconds each drop took."""
+    tf = _tf()
+    plain = tf.data.Dataset.from_tensor_slices(tf.zeros((64, 4))).batch(8).repeat()
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    datasets = {
+        "plain": strategy.experimental_distribute_dataset(plain),
+        "autotune_off": strategy.experimental_distribute_dataset(plain.with_options(options)),
+    }
+
+    @tf.function
+    def step(iterator):
+        return strategy.run(tf.reduce_sum, args=(next(iterator),))
+
+    def threads_per_iterator(dataset, count=4):
+        warm = iter(dataset)
+        step(warm)
+        del warm
+        time.sleep(0.2)
+        before = len(os.listdir("/proc/self/task"))
+        iterators = [iter(dataset) for _ in range(count)]
+        for iterator in iterators * 3:
+            step(iterator)
+        time.sleep(0.2)
+        return (len(os.listdir("/proc/self/task")) - before) / count
+
+    threads = {name: [] for name in datasets}
+    for _ in range(2):  # the fewest of two, against threads that start late
+        for name, dataset in datasets.items():
+            threads[name].append(threads_per_iterator(dataset))
+    iterators = [iter(datasets["plain"]) for _ in range(4)]
+    started = time.monotonic()
+    while time.monotonic() - started < 1.4:
+        for iterator in iterators:
+            step(iterator)
+    drops = []
+    while iterators:
+        dropped = time.monotonic()
+        iterators.pop()
+        drops.append(round(time.monotonic() - dropped, 3))
+    return {"threads": {name: min(counts) for name, counts in threads.items()}, "drops": drops}
+
+
+def _host_iterators_dropped_at_once(result) -> Optional[str]:
+    threads = result["threads"]
+    if threads["plain"] > threads["autotune_off"]:
+        return (
+            f"an iterator of a dataset with nothing to tune runs {threads['plain']} threads, "
+            f"{threads['autotune_off']} with autotuning off: the host's autotuning thread, "
+            f"which a drop waits for (drops: {result['drops']} s)"
+        )
+    slow = [seconds for seconds in result["drops"] if seconds > 0.25]
+    if slow:
+        return f"dropping the iterators took {result['drops']} s (more than 0.25 s)"
+    return None
+
+
 def replica_copies(strategy):
     """fit on even batches, then the largest difference between the replicas' copies."""
     tf = _tf()
@@ -834,6 +894,15 @@ _PROOFS = [
         "up to as long again)",
         device_iterator_drops,
         _one(_device_iterators_dropped_at_once),
+    ),
+    Proof(
+        "host_iterators_dropped_at_once",
+        MIRRORED,
+        "iterators of a plain dataset (tensor slices, batch, repeat) run no autotuning thread "
+        "on the host, and 4 read for 1.4 s drop at once (upstream: one thread each, and a "
+        "drop that loses its race waits up to as long again)",
+        host_iterator_threads,
+        _one(_host_iterators_dropped_at_once),
     ),
     Proof(
         "gradients_summed_over_replicas",

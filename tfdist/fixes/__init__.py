@@ -5,7 +5,7 @@ replicas, the optimizer, the trainer and random seeds), `uneven_batches`, `datas
 (Keras' data adapters and tf.distribute's datasets), `multi_worker`, `callbacks`,
 `parameter_server` (Keras 3's), `tf_keras_parameter_server` (tf_keras' own parameter-server
 fit), `tensorflow` (TensorFlow internals tfdist reads), `iterators` (a distributed dataset's
-per-device iterators, dropped at once) and `collectives` (MultiWorkerMirroredStrategy's
+iterators, dropped at once) and `collectives` (MultiWorkerMirroredStrategy's
 all-reduce: compression and pieces).
 `record` says what a fix is; `registry` holds them all and applies them; `keras_trainer` is
 the Keras trainer module that fixes of several areas patch.
