@@ -201,7 +201,11 @@ def _fix_host_iterators_dropped():
     without_autotune.autotune.enabled = False
 
     def __init__(self, dataset=None, *args, **kwargs):
-        if dataset is not None and nothing_to_tune(dataset):
+        try:
+            untuned = dataset is not None and nothing_to_tune(dataset)
+        except Exception:  # a dataset this reading does not know keeps its options
+            untuned = False
+        if untuned:
             dataset = dataset.with_options(without_autotune)
         original(self, dataset, *args, **kwargs)
 
