@@ -103,23 +103,44 @@ def _each(values, problem: Callable) -> Optional[str]:
 # ------------------------------------------------------------- mirrored (and every strategy)
 
 
-def device_iterator_drops(strategy):
-    """Iterators of a distributed dataset read for 0.75-1.4 s in a traced loop, then their
-    per-device parts dropped: the seconds each drop took."""
+def _plain_data(tf):
+    """Tensor slices, batched and repeated: a dataset with nothing for tf.data to tune."""
+    return tf.data.Dataset.from_tensor_slices(tf.zeros((64, 4))).batch(8).repeat()
+
+
+def _summing_step(strategy):
+    """A traced step that reads one element of a distributed iterator on every replica."""
     tf = _tf()
-    data = tf.data.Dataset.from_tensor_slices(tf.zeros((64, 4))).batch(8).repeat()
-    dataset = strategy.experimental_distribute_dataset(data)
 
     @tf.function
     def step(iterator):
         return strategy.run(tf.reduce_sum, args=(next(iterator),))
 
+    return step
+
+
+def _read_for(step, iterators, seconds: float) -> None:
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        for iterator in iterators:
+            step(iterator)
+
+
+def _slow_drops(drops, what: str) -> Optional[str]:
+    if any(seconds > 0.25 for seconds in drops):
+        return f"dropping {what} took {drops} s (more than 0.25 s)"
+    return None
+
+
+def device_iterator_drops(strategy):
+    """Iterators of a distributed dataset read for 0.75-1.4 s in a traced loop, then their
+    per-device parts dropped: the seconds each drop took."""
+    dataset = strategy.experimental_distribute_dataset(_plain_data(_tf()))
+    step = _summing_step(strategy)
     drops = []
     for age in (0.75, 1.4, 0.75, 1.4):
         iterator = iter(dataset)
-        started = time.monotonic()
-        while time.monotonic() - started < age:
-            step(iterator)
+        _read_for(step, [iterator], age)
         parts = []
         for worker in iterator._iterators:  # one per worker; each owns a MultiDeviceIterator
             owner = worker._iterator
@@ -133,10 +154,7 @@ def device_iterator_drops(strategy):
 
 
 def _device_iterators_dropped_at_once(result) -> Optional[str]:
-    slow = [seconds for seconds in result["drops"] if seconds > 0.25]
-    if slow:
-        return f"dropping the per-device iterators took {result['drops']} s (more than 0.25 s)"
-    return None
+    return _slow_drops(result["drops"], "the per-device iterators")
 
 
 def host_iterator_threads(strategy):
@@ -144,17 +162,14 @@ def host_iterator_threads(strategy):
     repeat), and of the same dataset with autotuning turned off by its user; then 4 iterators
     of the plain one read for 1.4 s in a traced loop and dropped: the seconds each drop took."""
     tf = _tf()
-    plain = tf.data.Dataset.from_tensor_slices(tf.zeros((64, 4))).batch(8).repeat()
+    plain = _plain_data(tf)
     options = tf.data.Options()
     options.autotune.enabled = False
     datasets = {
         "plain": strategy.experimental_distribute_dataset(plain),
         "autotune_off": strategy.experimental_distribute_dataset(plain.with_options(options)),
     }
-
-    @tf.function
-    def step(iterator):
-        return strategy.run(tf.reduce_sum, args=(next(iterator),))
+    step = _summing_step(strategy)
 
     def threads_per_iterator(dataset, count=4):
         warm = iter(dataset)
@@ -173,10 +188,7 @@ def host_iterator_threads(strategy):
         for name, dataset in datasets.items():
             threads[name].append(threads_per_iterator(dataset))
     iterators = [iter(datasets["plain"]) for _ in range(4)]
-    started = time.monotonic()
-    while time.monotonic() - started < 1.4:
-        for iterator in iterators:
-            step(iterator)
+    _read_for(step, iterators, 1.4)
     drops = []
     while iterators:
         dropped = time.monotonic()
@@ -193,10 +205,7 @@ def _host_iterators_dropped_at_once(result) -> Optional[str]:
             f"{threads['autotune_off']} with autotuning off: the host's autotuning thread, "
             f"which a drop waits for (drops: {result['drops']} s)"
         )
-    slow = [seconds for seconds in result["drops"] if seconds > 0.25]
-    if slow:
-        return f"dropping the iterators took {result['drops']} s (more than 0.25 s)"
-    return None
+    return _slow_drops(result["drops"], "the iterators")
 
 
 def replica_copies(strategy):

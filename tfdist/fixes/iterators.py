@@ -67,13 +67,11 @@ def _fix_device_iterators_dropped():
     # prefetch_buffer_size), for MultiDeviceIterator, OwnedMultiDeviceIterator and their
     # resets alike; each is iterated with iter(), so each gets a RootDataset with autotuning on
     # and its model thread (Model::OptimizeLoop). The fix returns the same dataset with
-    # `autotune.enabled = False` among its options; the host's dataset is untouched.
-    import tensorflow as tf
+    # `autotune.enabled = False` among its options (the host's dataset is the next fix's).
     from tensorflow.python.data.ops import multi_device_iterator_ops
 
     original = multi_device_iterator_ops._create_device_dataset
-    without_autotune = tf.data.Options()
-    without_autotune.autotune.enabled = False
+    without_autotune = _autotune_off()
 
     def _create_device_dataset(
         prototype_ds, incarnation_id, prefetch_buffer_size, experimental_slack
@@ -150,18 +148,26 @@ def nothing_to_tune(dataset) -> bool:
         if id(current) in seen:
             continue
         seen.add(id(current))
-        kind = type(current).__name__
+        kind, inputs = type(current).__name__, current._inputs()  # pylint: disable=protected-access
         if kind == _PREFETCH:
             if not _fixed_size(current):
                 return False
         elif kind == _MAP:
-            inputs = current._inputs()  # pylint: disable=protected-access
             if consumer != _RESTRUCTURED or not all(_dense(i.element_spec) for i in inputs):
                 return False
         elif kind not in UNTUNED:
             return False
-        pending.extend((each, kind) for each in current._inputs())  # pylint: disable=protected-access
+        pending.extend((each, kind) for each in inputs)
     return True
+
+
+def _autotune_off():
+    """tf.data options that turn autotuning (and its model thread) off."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return options
 
 
 def _fixed_size(prefetch) -> bool:
@@ -193,12 +199,10 @@ def _fix_host_iterators_dropped():
     # dataset on the host through an OwnedMultiDeviceIterator, whose MultiDeviceIteratorInit
     # makes a RootDataset iterator with autotuning on and its model thread. Where the dataset
     # has nothing to tune, the fix hands it over with `autotune.enabled = False`.
-    import tensorflow as tf
     from tensorflow.python.data.ops import multi_device_iterator_ops
 
     original = multi_device_iterator_ops.OwnedMultiDeviceIterator.__init__
-    without_autotune = tf.data.Options()
-    without_autotune.autotune.enabled = False
+    without_autotune = _autotune_off()
 
     def __init__(self, dataset=None, *args, **kwargs):
         try:
