@@ -3,8 +3,9 @@
 One 2-process job checks, on real processes over loopback: exact sums and means of every
 dtype Gloo carries, bf16 compression on top, sparse gradients (left to TensorFlow), and that
 Keras 3 `fit` (its steps chosen per call by tfdist), `tfdist.fit` and tf_keras `fit` train as
-one device does on the global batch, with their gradients counted through Gloo. A second job loses
-a worker: its peer's Gloo call fails at once, naming the transport, instead of hanging.
+one device does on the global batch, with their gradients counted through Gloo (Keras 3's in
+buckets of one tensor, the last layer's first). A second job loses a worker: its peer's Gloo
+call fails at once, naming the transport, instead of hanging.
 """
 
 import time
@@ -106,9 +107,12 @@ def gloo_job():
     with strategy.scope():
         model = _model(keras, 1)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(64)
+    group.bucket_bytes = 1  # one Gloo call per gradient, the last layer's first
     sent.clear()
     model.fit(dataset, epochs=2, verbose=0)
-    out["fit_bytes"] = sum(sent)
+    group.bucket_bytes = gloo.BUCKET_BYTES
+    out["fit_bytes"], out["fit_calls"] = sum(sent), list(sent)
+    out["gradient_bytes"] = [4 * int(np.prod(v.shape)) for v in model.trainable_variables]
     out["fit_gap"] = _gap(model, reference)
     out["params_bytes"] = 4 * model.count_params()
 
@@ -142,6 +146,11 @@ def test_sums_and_every_fit_through_gloo(run_cluster):
         assert got["bytes_before_training"] > 0  # the dense sums went through Gloo
         # 4 global batches of 64 per epoch, 2 epochs: every step's gradients crossed Gloo
         assert got["fit_bytes"] >= 8 * got["params_bytes"], got
+        # each step's gradients in buckets of one, from the last layer's (8 steps)
+        step = got["gradient_bytes"][::-1]
+        calls = got["fit_calls"]
+        starts = [i for i in range(len(calls)) if calls[i : i + len(step)] == step]
+        assert len(starts) == 8 and step == [4, 64, 64, 512], (step, calls)
         assert got["fit_gap"] < 1e-5, got
         assert got["tfdist_fit_gap"] < 1e-5, got
         assert got["tf_keras_bytes"] >= 4 * got["params_bytes"], got  # tf_keras: 4 steps

@@ -1,4 +1,5 @@
-"""Tier 1: communication='gloo' without torch says which extra to install, and how."""
+"""Tier 1: communication="gloo" without torch says which extra to install, and how; its
+buckets of tensors, from the last."""
 
 import sys
 
@@ -31,3 +32,23 @@ def test_the_group_ranks_follow_tensorflows_order_chief_first():
         ("worker", 1),
     ]
     assert gloo._host("[::1]:3") == "::1"
+
+
+def test_buckets_are_cut_from_the_last_tensor_and_never_cut_a_tensor():
+    assert gloo.buckets([8, 8, 8, 16], 16) == [[3], [1, 2], [0]]
+    assert gloo.buckets([8, 8, 8, 16], 1) == [[3], [2], [1], [0]]
+    assert gloo.buckets([8, 8, 8, 16], 1 << 20) == [[0, 1, 2, 3]]
+    assert gloo.buckets([40, 4, 4], 8) == [[1, 2], [0]]
+    assert gloo.buckets([], 8) == []
+    # every position once, in order when the buckets are read from the last
+    cut = gloo.buckets([3, 70, 1, 1, 64, 9, 200, 5], 64)
+    assert [p for bucket in reversed(cut) for p in bucket] == list(range(8))
+    assert all(sum([3, 70, 1, 1, 64, 9, 200, 5][p] for p in b) >= 64 for b in cut[:-1])
+
+
+def test_the_docs_give_the_bucket_size_of_the_code():
+    from helpers.docs import DOCS
+
+    page = " ".join((DOCS / "concepts" / "communication.md").read_text().split())
+    size = f"{gloo.BUCKET_BYTES >> 20} MiB"
+    assert f"buckets of about {size} (`tfdist.strategy.gloo.BUCKET_BYTES`" in page, size

@@ -17,13 +17,17 @@ How it is wired:
   Nothing is started at import time, and torch is imported only here.
 - **The all-reduce**: the patched `CollectiveAllReduce._all_reduce` (the fix record
   `tfdist.fixes.collectives.ALL_REDUCE`, which also casts for `gradient_compression=`) hands
-  this module one replica's dense tensors: one pack per dtype (flattened and concatenated: a
-  buffer no one else holds; a pack of one tensor is copied first, it may be a variable's) goes
-  to one stateful `tf.numpy_function`, which sums it in place with Gloo and gives the same
-  buffer back (TensorFlow takes it without a copy); MEAN divides by the group's size after the
-  sum, as TensorFlow's collective does. TensorFlow runs a graph's stateful Python functions in
-  the order they were traced (automatic control dependencies), and every worker traces the same
-  program, so the workers call Gloo in the same order. `tf.IndexedSlices` (sparse gradients) stay on
+  this module one replica's dense tensors. Each dtype's tensors are cut, from the last, into
+  buckets of about `BUCKET_BYTES` (a tensor is never cut), and each bucket (flattened and
+  concatenated: a buffer no one else holds; a bucket of one tensor is copied first, it may be a
+  variable's) goes to one stateful `tf.numpy_function`, which sums it in place with Gloo and
+  gives the same buffer back (TensorFlow takes it without a copy); MEAN divides by the group's
+  size after the sum, as TensorFlow's collective does. TensorFlow runs a graph's stateful Python
+  functions in the order they were traced (automatic control dependencies), and every worker
+  traces the same program, so the workers call Gloo in the same order. The buckets are traced
+  last tensors first: a model's gradients come in the order of its variables, which the
+  backward pass computes from the last, so the sum of the last layers' gradients runs while
+  the backward pass computes the first layers'. `tf.IndexedSlices` (sparse gradients) stay on
   TensorFlow's collectives (an all-gather).
 - **Waits**: every Gloo call ends after the group's timeout (`timeout_seconds=` /
   TFDIST_COLLECTIVE_TIMEOUT, else `DEFAULT_TIMEOUT`) with an error naming the transport; a peer
@@ -63,6 +67,10 @@ DEFAULT_TIMEOUT = 1800.0
 STORE_KEY = "tfdist/gloo/store"
 # TensorFlow shares (does not copy) a returned numpy buffer aligned to this (EIGEN_MAX_ALIGN_BYTES)
 ALIGN = 64
+# The bytes of one Gloo call, at least (the first tensors' bucket may hold less; a tensor is
+# never cut): small enough that the last layers' sum starts before the backward pass ends,
+# large enough that a call's fixed cost stays small beside its bytes.
+BUCKET_BYTES = 4 << 20
 
 
 def require_torch():
@@ -109,6 +117,7 @@ class GlooGroup:
         self.rank = rank
         self.size = size
         self.timeout = timeout
+        self.bucket_bytes = BUCKET_BYTES
         self._keep = keep  # the store (and, on the leader, its listening socket)
 
     def all_reduce_(self, array, bfloat16: bool = False):
@@ -155,12 +164,11 @@ class GlooGroup:
     def reduce(self, values: list, mean: bool, others) -> list:
         """`values` summed (or averaged) over the group, each in its shape.
 
-        The dense ones go through Gloo, one pack per dtype, in the order the dtypes first
-        appear (the same on every worker); `others(list) -> list` reduces the rest
-        (IndexedSlices, other dtypes) through TensorFlow.
+        The dense ones go through Gloo, by dtype in the order the dtypes first appear, each
+        dtype's in buckets from its last tensor (`buckets`; the same on every worker);
+        `others(list) -> list` reduces the rest (IndexedSlices, other dtypes) through
+        TensorFlow.
         """
-        import tensorflow as tf
-
         out = [None] * len(values)
         rest = [i for i, v in enumerate(values) if not dense(v)]
         if rest:
@@ -172,20 +180,56 @@ class GlooGroup:
                 by_dtype.setdefault(v.dtype, []).append(i)
         for dtype, indices in by_dtype.items():
             sizes = [values[i].shape.num_elements() for i in indices]
-            if any(size is None for size in sizes):
-                sizes = [tf.size(values[i]) for i in indices]
-            parts = [tf.reshape(values[i], [-1]) for i in indices]
-            pack = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
-            reduced = self._reduce_pack(pack, fresh=len(parts) > 1)
-            if mean and dtype.is_floating:  # TensorFlow's collective divides after the sum
-                reduced = reduced / tf.cast(self.size, dtype)
-            elif mean:
-                reduced = reduced // self.size
-            pieces = [reduced] if len(parts) == 1 else tf.split(reduced, sizes)
-            for i, piece in zip(indices, pieces):
-                out[i] = tf.reshape(piece, tf.shape(values[i]))
-                out[i].set_shape(values[i].shape)
+            if any(size is None for size in sizes):  # one bucket of sizes known when run
+                cuts = [indices]
+            else:
+                nbytes = [size * dtype.size for size in sizes]
+                cuts = [[indices[k] for k in cut] for cut in buckets(nbytes, self.bucket_bytes)]
+            for cut in cuts:
+                for i, reduced in zip(cut, self._reduce_bucket([values[i] for i in cut], mean)):
+                    out[i] = reduced
         return out
+
+    def _reduce_bucket(self, values: list, mean: bool) -> list:
+        """Tensors of one dtype summed (or averaged) in one Gloo call, each in its shape."""
+        import tensorflow as tf
+
+        dtype = values[0].dtype
+        sizes = [v.shape.num_elements() for v in values]
+        if any(size is None for size in sizes):
+            sizes = [tf.size(v) for v in values]
+        parts = [tf.reshape(v, [-1]) for v in values]
+        pack = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+        reduced = self._reduce_pack(pack, fresh=len(parts) > 1)
+        if mean and dtype.is_floating:  # TensorFlow's collective divides after the sum
+            reduced = reduced / tf.cast(self.size, dtype)
+        elif mean:
+            reduced = reduced // self.size
+        pieces = [reduced] if len(parts) == 1 else tf.split(reduced, sizes)
+        out = []
+        for v, piece in zip(values, pieces):
+            piece = tf.reshape(piece, tf.shape(v))
+            piece.set_shape(v.shape)
+            out.append(piece)
+        return out
+
+
+def buckets(nbytes: list, limit: int) -> list:
+    """The positions of tensors of `nbytes` bytes each, cut from the last into buckets of at
+    least `limit` bytes (the first tensors' bucket may hold less): a list of buckets, the last
+    tensors' first, each its positions in ascending order: `buckets([8, 8, 8, 16], 16)` is
+    `[[3], [1, 2], [0]]`.
+    """
+    out, bucket, held = [], [], 0
+    for position in reversed(range(len(nbytes))):
+        bucket.insert(0, position)
+        held += nbytes[position]
+        if held >= limit:
+            out.append(bucket)
+            bucket, held = [], 0
+    if bucket:
+        out.append(bucket)
+    return out
 
 
 def _aligned_copy(np, array):
