@@ -22,7 +22,7 @@ install: $(STAMP)
 
 # The benchmarks' charts need matplotlib (the "bench" extra), which `make bench` adds on its
 # first run. It stays out of the tests' virtualenv: Keras imports it whenever it is installed,
-# into every TensorFlow process the tests start (half a second of CPU each).
+# into every TensorFlow process the tests start (a third of a second of CPU each).
 BENCH_STAMP := $(VENV)/.installed-bench
 
 $(BENCH_STAMP): $(STAMP)

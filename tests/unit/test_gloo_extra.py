@@ -41,9 +41,10 @@ def test_buckets_are_cut_from_the_last_tensor_and_never_cut_a_tensor():
     assert gloo.buckets([40, 4, 4], 8) == [[1, 2], [0]]
     assert gloo.buckets([], 8) == []
     # every position once, in order when the buckets are read from the last
-    cut = gloo.buckets([3, 70, 1, 1, 64, 9, 200, 5], 64)
-    assert [p for bucket in reversed(cut) for p in bucket] == list(range(8))
-    assert all(sum([3, 70, 1, 1, 64, 9, 200, 5][p] for p in b) >= 64 for b in cut[:-1])
+    nbytes = [3, 70, 1, 1, 64, 9, 200, 5]
+    cut = gloo.buckets(nbytes, 64)
+    assert [p for bucket in reversed(cut) for p in bucket] == list(range(len(nbytes)))
+    assert all(sum(nbytes[p] for p in bucket) >= 64 for bucket in cut[:-1])
 
 
 def test_the_docs_give_the_bucket_size_of_the_code():
