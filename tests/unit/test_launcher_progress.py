@@ -12,7 +12,7 @@ import types
 import pytest
 
 from tfdist.cli import main
-from tfdist.launcher.progress import Console, Monitor
+from tfdist.launcher.progress import SEEN_LATE, Console, Monitor
 from tfdist.training_report import STACKS_SUFFIX, read_progress
 
 
@@ -158,6 +158,29 @@ def test_a_task_left_behind_is_named_with_the_steps_of_the_others(tmp_path):
         "[tfdist] Stall: worker:1 at step 3 made no training step for 4 s, while worker:0 at "
         "step 8."
     ), stall
+
+
+def test_tasks_seen_to_stop_about_together_are_named_together(tmp_path):
+    # worker:1 is held up at step 7; worker:0's last step reaches the launcher one read later
+    # (its report is up to a second late) before it waits for worker:1 in the collective
+    job = _Job(tmp_path, every=0)
+    job.at(1.0, worker_0=6, worker_1=7)
+    job.at(2.0, worker_0=8, worker_1=7)
+    job.at(4.0, worker_0=8, worker_1=7)
+    assert job.lines() == []
+    job.at(5.0, worker_0=8, worker_1=7)  # worker:1 still 4 s, worker:0 3 s: both stopped
+    (stall,) = job.lines()
+    assert stall.startswith(
+        "[tfdist] Stall: No task has made a training step for 4 s: worker:0 at step 8, "
+        "worker:1 at step 7."
+    ), stall
+
+
+def test_the_docs_give_the_time_within_which_stopped_tasks_are_named_together():
+    from helpers.docs import DOCS
+
+    page = " ".join((DOCS / "debugging.md").read_text().split())
+    assert f"within {SEEN_LATE:g} s of one another (`tfdist.launcher.progress.SEEN_LATE`" in page
 
 
 def test_a_task_between_two_fits_or_before_its_first_is_never_stalled(tmp_path):

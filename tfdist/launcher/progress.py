@@ -9,10 +9,11 @@ over the last `RATE_WINDOW` seconds and the slowest task (with `per_task`, `tfdi
 line every TFDIST_STATUS_EVERY seconds elsewhere (a log, a pipe).
 
 A stall: a task in a fit whose step has not moved for TFDIST_STALL_TIMEOUT seconds
-(`tfdist launch --stall-timeout`). The launcher names the tasks that are behind, with their
-steps and the steps of the others, and asks every training task for the Python stack of each of
-its threads, which the task writes to its output; the job goes on (a stall may end: a slow
-save, a long evaluation). Once per stall: the next is reported after some task steps again.
+(`tfdist launch --stall-timeout`). The launcher names the tasks that are behind (with those
+seen to stop within `SEEN_LATE` of them), with their steps and the steps of the others, and
+asks every training task for the Python stack of each of its threads, which the task writes to
+its output; the job goes on (a stall may end: a slow save, a long evaluation). Once per stall:
+the next is reported after some task steps again.
 A task before its first fit, or between two, is never stalled (it may be loading data).
 
 Nothing here imports TensorFlow.
@@ -26,9 +27,13 @@ from typing import Dict, List, Optional, TextIO
 
 from tfdist import training_report as reports
 
-__all__ = ["Console", "Monitor", "READ_SECONDS", "RATE_WINDOW"]
+__all__ = ["Console", "Monitor", "READ_SECONDS", "RATE_WINDOW", "SEEN_LATE"]
 
 READ_SECONDS = 1.0  # between two reads of the tasks' reports
+# how late the launcher may see a step: a task reports every PROGRESS_SECONDS, the launcher reads
+# every READ_SECONDS. Tasks that stopped together (one holds up, the others wait for it in a
+# collective) are seen to stop up to this far apart, and are named together at a stall.
+SEEN_LATE = reports.PROGRESS_SECONDS + READ_SECONDS
 RATE_WINDOW = 10.0  # seconds of steps behind the steps/s shown
 _CLEAR = "\r\x1b[K"  # back to the start of the line, and erase it
 
@@ -188,9 +193,12 @@ class Monitor:
             self.console.say(text)
 
     def _stall(self, fitting: List[str], running, now: float) -> None:
-        stuck = [n for n in fitting if now - self.seen[n].moved >= self.stall_timeout]
-        if not stuck:
+        if all(now - self.seen[n].moved < self.stall_timeout for n in fitting):
             return
+        # with those seen to stop at about the same time: which of them stopped first is not
+        # known to within SEEN_LATE, and naming one alone would tell that the others go on
+        late = self.stall_timeout - SEEN_LATE
+        stuck = [n for n in fitting if now - self.seen[n].moved >= late]
         self.stalled = True
         wait = round(self.stall_timeout)
 
