@@ -1,4 +1,5 @@
-"""The fenced Python blocks of docs/**/*.md, found once, for the docs tests of every tier."""
+"""The fenced Python blocks of docs/**/*.md, found once, and a page's prose as one line, for the
+docs tests of every tier."""
 
 import re
 from pathlib import Path
@@ -14,6 +15,12 @@ FENCE = re.compile(
     r"^(?P<indent>[ \t]*)```(?P<info>[^`\n]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
     re.MULTILINE | re.DOTALL,
 )
+
+
+def prose(path: Path) -> str:
+    """The text of a page with every run of whitespace (line breaks too) as one space: a
+    sentence is found whichever words the page's lines break between."""
+    return " ".join(path.read_text().split())
 
 
 def code_blocks(path: Path):

@@ -11,7 +11,7 @@ import pytest
 from tfdist.cli import build_parser, doctor
 from tfdist.fixes import FIXES
 
-from helpers.docs import DOCS
+from helpers.docs import DOCS, prose
 from helpers.paths import ROOT
 
 # Each command -> (the page that documents it, the heading of its section there or None for
@@ -137,11 +137,11 @@ def test_the_doctors_sample_output_is_what_it_prints():
 def test_what_the_docs_say_the_doctor_runs_is_what_it_runs():
     fixes = {fix for covered in doctor.SCENARIO_FIXES.values() for fix in covered}
     claim = f"{len(doctor.SCENARIO_FIXES)} multi-worker scenarios that exercise {len(fixes)} of"
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = prose(ROOT / "README.md")
     assert claim + " the fixes" in readme
     assert all(f"`{name}`" in readme for name in doctor.SCENARIO_FIXES)
     for path in [ROOT / "README.md", *DOCS.rglob("*.md")]:
-        text = " ".join(path.read_text().split())
+        text = prose(path)
         for said in re.findall(r"(\d+ multi-worker scenarios that exercise \d+ of)", text):
             assert said == claim, f"{path.relative_to(ROOT)} says {said!r}"
         assert "runs the scenarios that exercise" not in text, path

@@ -48,8 +48,8 @@ def test_buckets_are_cut_from_the_last_tensor_and_never_cut_a_tensor():
 
 
 def test_the_docs_give_the_bucket_size_of_the_code():
-    from helpers.docs import DOCS
+    from helpers.docs import DOCS, prose
 
-    page = " ".join((DOCS / "concepts" / "communication.md").read_text().split())
+    page = prose(DOCS / "concepts" / "communication.md")
     size = f"{gloo.BUCKET_BYTES >> 20} MiB"
     assert f"buckets of about {size} (`tfdist.strategy.gloo.BUCKET_BYTES`" in page, size

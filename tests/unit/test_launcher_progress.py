@@ -177,9 +177,9 @@ def test_tasks_seen_to_stop_about_together_are_named_together(tmp_path):
 
 
 def test_the_docs_give_the_time_within_which_stopped_tasks_are_named_together():
-    from helpers.docs import DOCS
+    from helpers.docs import DOCS, prose
 
-    page = " ".join((DOCS / "debugging.md").read_text().split())
+    page = prose(DOCS / "debugging.md")
     assert f"within {SEEN_LATE:g} s of one another (`tfdist.launcher.progress.SEEN_LATE`" in page
 
 
