@@ -103,24 +103,32 @@ class _Kernel:
         self.client.wait_for_ready(timeout=120)
 
     def start(self, code):
-        return self.client.execute(code)
+        # stop_on_error=False: a cell that fails (here, the interrupted one) does not make the
+        # kernel abort the requests that reach it next; ipykernel 7 marks the queue aborting
+        # only after it sent the failed cell's reply, so the next cell, sent on that reply,
+        # could be aborted (it then runs nothing and prints nothing)
+        return self.client.execute(code, stop_on_error=False)
 
     def wait_for(self, pattern, seconds):
         """Reads the kernel's output until `pattern` has matched it; returns the output."""
-        text, deadline = "", time.monotonic() + seconds
+        text, seen, deadline = "", [], time.monotonic() + seconds
         while time.monotonic() < deadline:
             try:
                 msg = self.client.get_iopub_msg(timeout=1)
             except queue.Empty:
                 continue
             content = msg["content"]
+            seen.append(content.get("execution_state", msg["msg_type"]))
             if msg["msg_type"] == "stream":
                 text += content["text"]
             elif msg["msg_type"] == "error":
                 text += f"{content['ename']}: {content['evalue']}\n"
             if re.search(pattern, text):
                 return text
-        raise AssertionError(f"{pattern!r} not seen within {seconds} s; output:\n{text}")
+        # what the kernel published: e.g. busy, idle and no execute_input for an aborted cell
+        raise AssertionError(
+            f"{pattern!r} not seen within {seconds} s; kernel messages {seen}; output:\n{text}"
+        )
 
     def reply(self, msg_id, seconds=60):
         deadline = time.monotonic() + seconds
@@ -133,7 +141,9 @@ class _Kernel:
     def close(self):
         self.client.stop_channels()
         if self.manager.is_alive():
-            self.manager.shutdown_kernel(now=True)
+            self.manager.shutdown_kernel(now=True)  # and its resources, as below
+        else:  # its sockets and zmq context, which would block the exit of pytest at gc
+            self.manager.cleanup_resources()
 
 
 JOB = """

@@ -59,7 +59,8 @@ def _snapshot(model, legacy):
 
 
 def main():
-    faulthandler.register(signal.SIGUSR1)  # a stack dump of every thread, should it hang
+    faulthandler.enable()  # every thread's stack, should it crash
+    faulthandler.register(signal.SIGUSR1)  # and should it hang
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("backup")
