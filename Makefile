@@ -34,9 +34,8 @@ $(BENCH_STAMP): $(STAMP)
 # Files go in the order tests/conftest.py gives (longest first), not sorted by test count.
 XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 
-# --durations: the slowest tests, where CI's time budget goes.
 test: $(STAMP)
-	$(PY) -m pytest -q $(XDIST) --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The version matrix (tfdist/releases.py): the README's scenarios on every TensorFlow / Keras
 # pair, each in its own uv virtualenv under .nox (reused), then one table. NOX_ARGS narrows it.
